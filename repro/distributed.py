@@ -1,0 +1,51 @@
+"""Process-group start-up shared by workers, tests and tools.
+
+DeepSpeed on CPU (``DS_ACCELERATOR=cpu``) JIT-builds a shared-memory allreduce op the first
+time a backend is created (25-85 s on 2 cores). Gloo is all the CPU paths here need, so the op
+is marked incompatible before DeepSpeed looks for it; ``REPRO_DS_SHM_OP=1`` keeps it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def on_cpu() -> bool:
+    """True when DeepSpeed runs on its CPU accelerator (set ``DS_ACCELERATOR=cpu``)."""
+    return os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available()
+
+
+def disable_deepspeed_shm_op() -> None:
+    """Keep DeepSpeed from JIT-compiling its CPU shared-memory comm op (gloo is used instead)."""
+    if os.environ.get("REPRO_DS_SHM_OP") == "1":
+        return
+    import deepspeed.ops
+
+    # DeepSpeed caches this probe in the module; its own comment says edits to it persist.
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
+def init_distributed(timeout_s: float = 600.0) -> None:
+    """Initialise torch.distributed and deepspeed.comm from the usual env vars.
+
+    Uses gloo on CPU and NCCL on CUDA. Safe to call twice. A process group that already exists
+    (created by a test harness, say) is reused as it is.
+    """
+    if on_cpu():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        disable_deepspeed_shm_op()
+    import deepspeed
+
+    backend = "gloo" if on_cpu() else "nccl"
+    if not on_cpu() and "LOCAL_RANK" in os.environ:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    deepspeed.init_distributed(
+        dist_backend=backend,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        verbose=False,
+    )
+    assert dist.is_initialized()
