@@ -1,0 +1,59 @@
+"""Test sessions. They run in the interpreter that runs nox (set up by scripts/setup.sh, or the
+GPU machine's own environment with its CUDA torch), so no session re-installs torch or DeepSpeed.
+
+    nox -s unit         pure-CPU unit and property tests (under a minute)
+    nox -s distributed  real multi-rank DeepSpeed on 2 gloo ranks per test, 2 xdist workers
+    nox -s tests        unit + distributed: what CI runs
+    nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
+    nox -s lint         ruff
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import nox
+
+nox.options.default_venv_backend = "none"
+nox.options.sessions = ["tests"]
+nox.options.error_on_external_run = False
+
+PYTEST = [sys.executable, "-m", "pytest"]
+CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _profile() -> dict[str, str]:
+    return {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")}
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Unit and property tests, one process."""
+    session.run(*PYTEST, "tests/unit", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
+
+
+@nox.session
+def distributed(session: nox.Session) -> None:
+    """Multi-rank tests: each test spawns its own gloo ranks; two tests run at a time."""
+    session.run(*PYTEST, "tests/distributed", "-n", "2", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """What CI runs: unit, then distributed (slow-marked tests included, GPU gate excluded)."""
+    unit(session)
+    distributed(session)
+
+
+@nox.session
+def gpu_e2e(session: nox.Session) -> None:
+    """The GPU gate, in the current environment so the machine's CUDA torch is used."""
+    env = {"REPRO_GPU_TESTS": "1", **_profile()}
+    session.run(*PYTEST, "tests/gpu_e2e", "-m", "gpu", "-v", "-s", *session.posargs, env=env)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Static checks."""
+    session.run(sys.executable, "-m", "ruff", "check", "repro", "tests", "noxfile.py", "conftest.py")

@@ -1,0 +1,179 @@
+"""The record model: one collective or point-to-point call, its fingerprint, and per-rank trace files.
+
+A trace directory holds one append-only JSON-lines file per rank, ``rank{R}.jsonl``. Lines are
+events: ``meta`` (once, first), ``group`` (a process group the first time it is used: key and
+global ranks), ``call`` (written and flushed *before* the real call, so a rank that then aborts,
+is killed or hangs still leaves it behind), ``ret`` (the call returned) and ``check_fail``
+(the live check raised; carries the report as JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TRACE_GLOB = "rank*.jsonl"
+_RANK_FILE = re.compile(r"rank(\d+)\.jsonl$")
+
+# Ops whose per-rank element counts may legitimately differ (uneven splits, pickled objects).
+SIZE_FREE_OPS = frozenset(
+    {
+        "all_to_all",
+        "all_gather_object",
+        "gather_object",
+        "scatter_object_list",
+        "broadcast_object_list",
+        "send_object_list",
+        "recv_object_list",
+        "barrier",
+        "monitored_barrier",
+    }
+)
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+
+
+@dataclass
+class CallRecord:
+    """One traced call on one rank.
+
+    ``group_seq`` counts collectives per process group on this rank (1-based); p2p calls have
+    none (they pair with one peer, not the group). ``root`` and ``peer`` are global ranks.
+    """
+
+    rank: int
+    index: int
+    op: str
+    group: str
+    ranks: tuple[int, ...]
+    group_seq: int | None
+    numel: int
+    dtype: str
+    site: str
+    lib_site: str | None = None
+    t: float = 0.0
+    t_end: float | None = None
+    root: int | None = None
+    peer: int | None = None
+    redop: str | None = None
+    async_op: bool = False
+    size_free: bool = False
+    detail: list[Any] = field(default_factory=list)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.op in P2P_OPS
+
+    def fingerprint(self) -> tuple:
+        """What every rank of the group must agree on for the call to be the same collective."""
+        numel = None if (self.size_free or self.op in SIZE_FREE_OPS) else self.numel
+        dtype = None if self.op in SIZE_FREE_OPS else self.dtype
+        return (self.op, numel, dtype, self.root, self.redop, self.group)
+
+    def differing_fields(self, other: CallRecord) -> list[str]:
+        """Names of the fingerprint fields in which two calls differ, in reporting order."""
+        names = ("op", "numel", "dtype", "root", "redop", "group")
+        return [n for n, a, b in zip(names, self.fingerprint(), other.fingerprint()) if a != b]
+
+    def short(self) -> str:
+        """``all_reduce numel=1 float32`` plus root/redop when set."""
+        parts = [self.op, f"numel={self.numel}", self.dtype]
+        if self.redop:
+            parts.append(f"op={self.redop}")
+        if self.root is not None:
+            parts.append(f"root={self.root}")
+        if self.peer is not None:
+            parts.append(f"peer={self.peer}")
+        return " ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["ranks"] = list(self.ranks)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CallRecord:
+        d = dict(d)
+        d["ranks"] = tuple(d.get("ranks", ()))
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass
+class RankTrace:
+    """Everything one rank's file says: its calls in issue order, groups, and any check failure."""
+
+    rank: int
+    calls: list[CallRecord] = field(default_factory=list)
+    groups: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    check_failures: list[dict[str, Any]] = field(default_factory=list)
+    source: str = ""
+
+    @property
+    def last_call(self) -> CallRecord | None:
+        return self.calls[-1] if self.calls else None
+
+    def collectives(self, group: str) -> list[CallRecord]:
+        return [c for c in self.calls if c.group == group and c.group_seq is not None]
+
+
+class TraceFileWriter:
+    """Append-only JSON-lines writer; every event is one ``write(2)`` so it survives kill -9."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def write(self, event: dict[str, Any]) -> None:
+        # os.write on an O_APPEND fd goes straight to the kernel: nothing buffered in-process.
+        os.write(self._fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def read_trace_file(path: pathlib.Path) -> RankTrace:
+    """Parse one ``rank{R}.jsonl``; a torn last line (process killed mid-write) is ignored."""
+    m = _RANK_FILE.search(path.name)
+    if not m:
+        raise ValueError(f"{path}: not a trace file (expected a name like rank0.jsonl)")
+    trace = RankTrace(rank=int(m.group(1)), source=str(path))
+    by_index: dict[int, CallRecord] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                ev = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = ev.pop("ev", None)
+            if kind == "call":
+                rec = CallRecord.from_json(ev)
+                trace.calls.append(rec)
+                by_index[rec.index] = rec
+            elif kind == "ret":
+                rec = by_index.get(ev.get("index"))
+                if rec is not None:
+                    rec.t_end = ev.get("t")
+            elif kind == "group":
+                trace.groups[ev["group"]] = tuple(ev["ranks"])
+            elif kind == "meta":
+                trace.meta = ev
+            elif kind == "check_fail":
+                trace.check_failures.append(ev)
+    return trace
+
+
+def read_trace_dir(directory: pathlib.Path) -> dict[int, RankTrace]:
+    """All ``rank*.jsonl`` files of a directory, by rank."""
+    traces = {}
+    for path in sorted(directory.glob(TRACE_GLOB)):
+        t = read_trace_file(path)
+        traces[t.rank] = t
+    return traces

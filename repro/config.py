@@ -1,0 +1,518 @@
+"""Structured run configuration with verl's key names, registered with Hydra's ConfigStore.
+
+The tree mirrors verl's ``ppo_trainer`` config so that the command lines of verl's DeepSpeed PR
+work here with ``verl`` replaced by ``repro``. Each dataclass validates itself in
+``__post_init__``; cross-section rules (batch splits, critic on/off) live in
+:func:`validate_run_config`. The DeepSpeed environment knobs are read exactly once, by
+:func:`resolve_env_knobs`, and stored in the config so the effective plan shows them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+ZERO_STAGES = (1, 2, 3)
+OFFLOAD_CHOICES = ("none", "cpu", "nvme", "auto")
+MODEL_DTYPES = ("auto", "bfloat16", "float32")
+ADV_ESTIMATORS = ("grpo", "gae")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+WARMUP_STYLES = ("constant", "cosine", "linear")
+ROLLOUT_NAMES = ("hf", "vllm")
+REWARD_KWARGS = ("method", "format_score", "score")
+GSM8K_METHODS = ("strict", "flexible")
+DEVICES = ("auto", "cpu", "cuda")
+
+ENV_PARAM_OFFLOAD = "VERL_ENABLE_PARAM_OFFLOAD"
+ENV_FP32_ACCUM = "VERL_DS_ZERO2_FP32_ACCUM_PATCH"
+ENV_STEP_EACH_MICRO = "VERL_DS_ZERO2_STEP_EACH_MICRO"
+
+
+def _choice(key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of {list(choices)}")
+
+
+def _positive(key: str, value: Any, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"{key}={value!r} must be a positive number")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Peak learning rate."""
+    lr_warmup_steps: int = -1
+    """Warm-up optimizer steps; -1 derives them from ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Fraction of the total optimizer steps spent warming up when ``lr_warmup_steps`` is -1."""
+    warmup_style: str = "constant"
+    """Schedule after warm-up: constant, linear decay or cosine decay to ``min_lr_ratio * lr``."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decaying schedules, as a fraction of ``lr``."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    total_training_steps: int = -1
+    """Optimizer steps of the whole run; filled in by the trainer from the data and epochs."""
+
+    def __post_init__(self) -> None:
+        _positive("optim.lr", self.lr)
+        _choice("optim.warmup_style", self.warmup_style, WARMUP_STYLES)
+        if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
+            raise ValueError(f"optim.lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must be in [0, 1]")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+        if len(self.betas) != 2:
+            raise ValueError(f"optim.betas={list(self.betas)} must have two values")
+
+
+@dataclass
+class DeepSpeedConfig:
+    """The DeepSpeed section of one role (``actor.deepspeed`` / ``critic.deepspeed_config``)."""
+
+    zero_stage: int = 2
+    """ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)."""
+    offload: str = "none"
+    """none, cpu or nvme; applied per stage by ``ds_config.resolve_offload`` (auto means cpu)."""
+    offload_dir: Optional[str] = None
+    """Directory for NVMe offload swap files (required with ``offload=nvme``)."""
+    model_dtype: str = "auto"
+    """Training dtype: bfloat16, float32, or auto (bf16 on CUDA, fp32 on CPU)."""
+    param_offload: Optional[bool] = None
+    """ZeRO-3 parameter offload with ``offload=cpu``; None reads VERL_ENABLE_PARAM_OFFLOAD."""
+    fp32_grad_accum: Optional[bool] = None
+    """Accumulate gradients in fp32 (DeepSpeed ``data_types.grad_accum_dtype``); None reads VERL_DS_ZERO2_FP32_ACCUM_PATCH."""
+    step_each_micro: Optional[bool] = None
+    """Call ``engine.step()`` after every micro-batch; None reads VERL_DS_ZERO2_STEP_EACH_MICRO."""
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed reduce bucket size (elements)."""
+    allgather_bucket_size: int = 500_000_000
+    """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
+    torch_adam: Optional[bool] = None
+    """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in ZERO_STAGES:
+            raise ValueError(f"deepspeed.zero_stage={self.zero_stage!r} is not valid; choose one of {list(ZERO_STAGES)}")
+        _choice("deepspeed.offload", self.offload, OFFLOAD_CHOICES)
+        _choice("deepspeed.model_dtype", self.model_dtype, MODEL_DTYPES)
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a checkpoint holds (DeepSpeed saves model and optimizer together)."""
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a resume loads."""
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"
+    """Hugging Face model directory, or ``tiny`` for the built-in tiny Qwen3 arithmetic policy."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer directory; defaults to ``path``."""
+    enable_gradient_checkpointing: bool = False
+    """Activation checkpointing in the transformer blocks."""
+    use_remove_padding: bool = False
+    """Accepted for verl compatibility; padded batches are used here (no effect)."""
+    trust_remote_code: bool = False
+    """Passed to ``from_pretrained``."""
+    external_lib: Optional[str] = None
+    """Module imported before the model is built (custom architectures)."""
+    override_config: dict[str, Any] = field(default_factory=dict)
+    """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "deepspeed"
+    """Training backend; only ``deepspeed`` is implemented here."""
+    ppo_mini_batch_size: int = 256
+    """Prompts per mini-batch (multiplied by rollout.n into samples)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    """Samples per micro-batch on each rank; required unless use_dynamic_bsz."""
+    ppo_micro_batch_size: Optional[int] = None
+    """Deprecated global micro-batch size; divided by dp when set."""
+    use_dynamic_bsz: bool = False
+    """Pack micro-batches by token budget (ppo_max_token_len_per_gpu) instead of sample count."""
+    ppo_max_token_len_per_gpu: int = 16384
+    """Token budget of one dynamic micro-batch."""
+    ppo_epochs: int = 1
+    """Passes over each step's batch."""
+    shuffle: bool = False
+    """Shuffle samples between epochs."""
+    clip_ratio: float = 0.2
+    """PPO clip epsilon (both sides unless clip_ratio_low/high are set)."""
+    clip_ratio_low: Optional[float] = None
+    """Lower clip epsilon; defaults to clip_ratio."""
+    clip_ratio_high: Optional[float] = None
+    """Upper clip epsilon; defaults to clip_ratio."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (must be > 1)."""
+    loss_agg_mode: str = "token-mean"
+    """How token losses reduce to the batch loss."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight."""
+    use_kl_loss: bool = False
+    """Add a KL-to-reference term to the actor loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator of the KL loss."""
+    ulysses_sequence_parallel_size: int = 1
+    """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    data_loader_seed: Optional[int] = None
+    """Seed of the shuffle between epochs; defaults to data.seed."""
+    skip_inactive_micro_batches: bool = False
+    """Skip backward for micro-batches with no response tokens; allowed only at world size 1."""
+    unsafe_allow_skip_in_data_parallel: bool = False
+    """Allow the skip above in multi-rank data parallel (reproduces the historical ZeRO-2 hang)."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if self.strategy != "deepspeed":
+            raise ValueError(f"actor.strategy={self.strategy!r} is not supported here; choose one of ['deepspeed']")
+        _positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        _positive("actor.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, allow_none=True)
+        _positive("actor.ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
+        _positive("actor.ppo_epochs", self.ppo_epochs)
+        _choice("actor.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+        _choice("actor.kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+        if self.clip_ratio_c <= 1.0:
+            raise ValueError(f"actor.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip)")
+        if self.ulysses_sequence_parallel_size < 1:
+            raise ValueError("actor.ulysses_sequence_parallel_size must be >= 1")
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Samples per forward micro-batch of the reference policy; defaults to rollout's."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    """Token budget of one dynamic log-prob micro-batch."""
+    log_prob_use_dynamic_bsz: bool = False
+    """Pack log-prob micro-batches by tokens."""
+    deepspeed: DeepSpeedConfig = field(default_factory=lambda: DeepSpeedConfig(zero_stage=3))
+
+
+@dataclass
+class ValKwargs:
+    temperature: float = 0.0
+    """Validation sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    top_k: int = -1
+    n: int = 1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    """hf (transformers generate on a synced copy) or vllm (optional extra)."""
+    mode: str = "sync"
+    """sync or async; the hf rollout is synchronous (async accepted for verl compatibility)."""
+    n: int = 1
+    """Samples per prompt (GRPO group size)."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    """-1 disables top-k."""
+    do_sample: bool = True
+    prompt_length: Optional[int] = None
+    """Defaults to data.max_prompt_length."""
+    response_length: Optional[int] = None
+    """Defaults to data.max_response_length."""
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    """Samples per forward micro-batch when computing old log-probs."""
+    log_prob_max_token_len_per_gpu: int = 16384
+    log_prob_use_dynamic_bsz: bool = False
+    micro_batch_size_per_gpu: Optional[int] = None
+    """Prompts per generate call on each rank; None generates the whole shard at once."""
+    tensor_model_parallel_size: int = 1
+    """vLLM tensor parallelism (must be 1 for the hf rollout)."""
+    max_model_len: Optional[int] = None
+    """vLLM only."""
+    max_num_seqs: int = 1024
+    """vLLM only."""
+    max_num_batched_tokens: int = 8192
+    """vLLM only."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM only."""
+    load_format: str = "auto"
+    """vLLM only."""
+    enforce_eager: bool = True
+    """vLLM only."""
+    free_cache_engine: bool = True
+    """vLLM only."""
+    val_kwargs: ValKwargs = field(default_factory=ValKwargs)
+
+    def __post_init__(self) -> None:
+        _choice("actor_rollout_ref.rollout.name", self.name, ROLLOUT_NAMES)
+        _choice("actor_rollout_ref.rollout.mode", self.mode, ("sync", "async"))
+        _positive("actor_rollout_ref.rollout.n", self.n)
+        if self.temperature < 0:
+            raise ValueError(f"actor_rollout_ref.rollout.temperature={self.temperature} must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"actor_rollout_ref.rollout.top_p={self.top_p} must be in (0, 1]")
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    """Actor and rollout share devices (the only layout here)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+@dataclass
+class CriticConfig:
+    enable: Optional[bool] = None
+    """Train a critic; None decides from algorithm.adv_estimator (gae needs one, grpo does not)."""
+    strategy: str = "deepspeed"
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    model: ModelConfig = field(default_factory=ModelConfig)
+    ppo_mini_batch_size: int = 256
+    """Prompts per critic mini-batch (times rollout.n)."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    ppo_micro_batch_size: Optional[int] = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 32768
+    forward_micro_batch_size_per_gpu: Optional[int] = None
+    """Samples per forward micro-batch of compute_values; defaults to ppo_micro_batch_size_per_gpu."""
+    forward_max_token_len_per_gpu: int = 32768
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    cliprange_value: float = 0.5
+    """Clip range of the value loss."""
+    loss_agg_mode: str = "token-mean"
+    grad_clip: float = 1.0
+    ulysses_sequence_parallel_size: int = 1
+    data_loader_seed: Optional[int] = None
+    deepspeed_config: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+    def __post_init__(self) -> None:
+        if self.strategy != "deepspeed":
+            raise ValueError(f"critic.strategy={self.strategy!r} is not supported here; choose one of ['deepspeed']")
+        _positive("critic.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        _positive("critic.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, allow_none=True)
+        _choice("critic.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+
+
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    """fixed or adaptive."""
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+    def __post_init__(self) -> None:
+        _choice("algorithm.kl_ctrl.type", self.type, ("fixed", "adaptive"))
+
+
+@dataclass
+class AlgorithmConfig:
+    gamma: float = 1.0
+    """GAE discount."""
+    lam: float = 1.0
+    """GAE lambda."""
+    adv_estimator: str = "gae"
+    """gae (PPO with a critic) or grpo (group-normalised outcome rewards)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """Divide GRPO advantages by the group's standard deviation."""
+    use_kl_in_reward: bool = False
+    """Subtract a KL penalty to the reference from the token rewards."""
+    kl_penalty: str = "kl"
+    """KL estimator of the in-reward penalty."""
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+
+    def __post_init__(self) -> None:
+        _choice("algorithm.adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
+        _choice("algorithm.kl_penalty", self.kl_penalty, KL_LOSS_TYPES)
+
+
+@dataclass
+class RewardConfig:
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Passed to the reward function: method (strict|flexible), format_score, score."""
+    num_workers: int = 1
+    """Accepted for verl compatibility; rewards are computed on the driver."""
+
+    def __post_init__(self) -> None:
+        for key in self.reward_kwargs:
+            if key not in REWARD_KWARGS:
+                raise ValueError(f"reward.reward_kwargs.{key} is not known; choose from {list(REWARD_KWARGS)}")
+        if "method" in self.reward_kwargs:
+            _choice("reward.reward_kwargs.method", self.reward_kwargs["method"], GSM8K_METHODS)
+
+
+@dataclass
+class DataConfig:
+    train_files: Any = None
+    """Parquet file(s) of training prompts; None uses the built-in arithmetic task."""
+    val_files: Any = None
+    """Parquet file(s) of validation prompts; None uses the built-in arithmetic task."""
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    train_batch_size: int = 1024
+    """Prompts per RL step."""
+    val_batch_size: Optional[int] = None
+    """Accepted for verl compatibility; validation runs the whole set."""
+    max_prompt_length: int = 512
+    max_response_length: int = 512
+    filter_overlong_prompts: bool = False
+    """Drop prompts longer than max_prompt_length instead of failing."""
+    truncation: str = "error"
+    """error, left or right: what to do with an over-long prompt that is kept."""
+    trust_remote_code: bool = False
+    shuffle: bool = True
+    seed: int = 1
+    return_raw_chat: bool = False
+    """Accepted for verl compatibility (no effect)."""
+
+    def __post_init__(self) -> None:
+        _positive("data.train_batch_size", self.train_batch_size)
+        _positive("data.max_prompt_length", self.max_prompt_length)
+        _positive("data.max_response_length", self.max_response_length)
+        _choice("data.truncation", self.truncation, ("error", "left", "right", "middle"))
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "repro"
+    experiment_name: str = "grpo_tiny_arith"
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    """console and/or file; other verl loggers are accepted and ignored with a warning."""
+    n_gpus_per_node: int = 2
+    """Ranks per node (CPU processes when there is no GPU)."""
+    nnodes: int = 1
+    device: str = "auto"
+    """auto (cuda if available), cpu or cuda."""
+    total_epochs: int = 1
+    total_training_steps: Optional[int] = None
+    """RL steps to run; None runs total_epochs over the data."""
+    save_freq: int = -1
+    """Checkpoint every N steps (<= 0 disables)."""
+    test_freq: int = -1
+    """Validate every N steps (<= 0 disables)."""
+    val_before_train: bool = False
+    critic_warmup: int = 0
+    """Steps that update only the critic."""
+    default_local_dir: Optional[str] = None
+    """Checkpoint directory; defaults to <output dir>/checkpoints."""
+    output_dir: Optional[str] = None
+    """Run directory; defaults to outputs/<experiment_name>_<timestamp> (resume reuses the latest)."""
+    resume_mode: str = "auto"
+    """auto (latest checkpoint if any), disable, or resume_path."""
+    resume_from_path: Optional[str] = None
+    max_actor_ckpt_to_keep: Optional[int] = 2
+    max_critic_ckpt_to_keep: Optional[int] = 2
+    seed: int = 1
+    """Seed of model init, sampling and data order."""
+    use_legacy_worker_impl: str = "auto"
+    """Accepted for verl compatibility (no effect)."""
+    dry_run: bool = False
+    """Validate and print the effective plan as JSON without starting workers."""
+    ray_address: Optional[str] = None
+    """Existing Ray cluster to join; None starts a local one."""
+    progress: str = "auto"
+    """auto (bar on a terminal), bar or plain."""
+
+    def __post_init__(self) -> None:
+        _positive("trainer.n_gpus_per_node", self.n_gpus_per_node)
+        _positive("trainer.nnodes", self.nnodes)
+        _choice("trainer.device", self.device, DEVICES)
+        _choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
+        _choice("trainer.progress", self.progress, ("auto", "bar", "plain"))
+        if self.total_training_steps is not None:
+            _positive("trainer.total_training_steps", self.total_training_steps)
+
+
+@dataclass
+class RayKwargs:
+    ray_init: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for ``ray.init``."""
+
+
+@dataclass
+class RunConfig:
+    """The whole run: the root of ``-cn ppo_trainer``."""
+
+    defaults: list[Any] = field(
+        default_factory=lambda: [
+            {"actor@actor_rollout_ref.actor": "ds_actor"},
+            {"critic": "ds_critic"},
+            "_self_",
+        ]
+    )
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray_kwargs: RayKwargs = field(default_factory=RayKwargs)
+
+
+def _env_flag(environ: dict[str, str], name: str) -> Optional[bool]:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable {name}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def resolve_env_knobs(ds: DeepSpeedConfig, environ: Optional[dict[str, str]] = None) -> DeepSpeedConfig:
+    """Fill the knobs left at None from the DeepSpeed environment variables (read once, here)."""
+    environ = dict(os.environ) if environ is None else environ
+    if ds.param_offload is None:
+        ds.param_offload = bool(_env_flag(environ, ENV_PARAM_OFFLOAD))
+    if ds.fp32_grad_accum is None:
+        ds.fp32_grad_accum = bool(_env_flag(environ, ENV_FP32_ACCUM))
+    if ds.step_each_micro is None:
+        ds.step_each_micro = bool(_env_flag(environ, ENV_STEP_EACH_MICRO))
+    return ds
+
+
+def critic_enabled(cfg: RunConfig) -> bool:
+    """Whether the run trains a critic: explicit ``critic.enable``, else GAE needs one."""
+    if cfg.critic.enable is None:
+        return cfg.algorithm.adv_estimator == "gae"
+    return bool(cfg.critic.enable)
+
+
+# Keys that verl's command lines set but that mean nothing for this backend. Setting one to a
+# non-default value gives one warning each; the reason says why it is ignored.
+NO_EFFECT_KEYS: dict[str, str] = {
+    "trainer.use_legacy_worker_impl": "repro has a single worker implementation",
+    "actor_rollout_ref.model.use_remove_padding": "workers train on padded batches with attention masks",
+    "actor_rollout_ref.rollout.mode": "the hf rollout is synchronous",
+    "actor_rollout_ref.rollout.load_format": "vLLM only",
+    "actor_rollout_ref.rollout.max_num_seqs": "vLLM only",
+    "actor_rollout_ref.rollout.max_num_batched_tokens": "vLLM only",
+    "actor_rollout_ref.rollout.gpu_memory_utilization": "vLLM only",
+    "actor_rollout_ref.rollout.max_model_len": "vLLM only",
+    "actor_rollout_ref.rollout.enforce_eager": "vLLM only",
+    "actor_rollout_ref.rollout.free_cache_engine": "vLLM only",
+    "critic.model.use_remove_padding": "workers train on padded batches with attention masks",
+    "reward.num_workers": "rewards are computed on the driver",
+    "data.return_raw_chat": "prompts are rendered by the driver",
+    "data.val_batch_size": "validation runs the whole set in one pass",
+}

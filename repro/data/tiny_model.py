@@ -1,0 +1,120 @@
+"""Qwen3-architecture models built from configs (no hub downloads).
+
+- ``tiny_config``: the tiny policy (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate
+  512, ~0.99 M parameters with the character vocabulary) that learns the arithmetic task on CPU.
+- ``qwen3_0p6b_config``: the *shape* of Qwen/Qwen3-0.6B, randomly initialised, for GPU
+  throughput and memory benchmarks where only the shape matters.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
+
+
+@dataclass(frozen=True)
+class TinyShape:
+    """Size knobs of the tiny Qwen3 policy."""
+
+    hidden_size: int = 128
+    """Model width."""
+    num_hidden_layers: int = 4
+    """Decoder layers."""
+    num_attention_heads: int = 4
+    """Query heads; ``hidden_size`` must divide evenly by it."""
+    num_key_value_heads: int = 2
+    """KV heads (grouped-query attention); must divide ``num_attention_heads``."""
+    intermediate_size: int = 512
+    """MLP width."""
+    max_position_embeddings: int = 512
+    """Longest sequence the RoPE tables are sized for."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():
+            if value < 1:
+                raise ValueError(f"TinyShape.{name}={value} must be >= 1")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"TinyShape.hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"TinyShape.num_attention_heads={self.num_attention_heads} is not divisible by "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
+
+
+def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int,
+                shape: TinyShape | None = None) -> Qwen3Config:
+    """Config of the tiny policy for a tokenizer with these ids."""
+    shape = shape or TinyShape()
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_hidden_layers,
+        num_attention_heads=shape.num_attention_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        head_dim=shape.hidden_size // shape.num_attention_heads,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+    )
+
+
+def qwen3_0p6b_config() -> Qwen3Config:
+    """The architecture of Qwen/Qwen3-0.6B (values from its published config.json)."""
+    return Qwen3Config(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        tie_word_embeddings=True,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    )
+
+
+def build_model(config: Qwen3Config, seed: int = 0, dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> PreTrainedModel:
+    """A randomly initialised causal LM for ``config``; the same seed gives the same weights.
+
+    ``device="meta"`` builds the module structure without memory (for counting parameters).
+    """
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def num_parameters(model: torch.nn.Module) -> int:
+    """Distinct parameters (tied embeddings counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def save_model(model: PreTrainedModel, out_dir: str | os.PathLike[str]) -> Path:
+    """``save_pretrained`` in safetensors; the folder loads with ``AutoModelForCausalLM``."""
+    out = Path(out_dir)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """Load a Hugging Face model folder (the tiny policy or a real checkpoint)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"model path {path} has no config.json; expected a Hugging Face model folder")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)

@@ -1,0 +1,62 @@
+"""Character-level tokenizer for the tiny policy, saved as a ``PreTrainedTokenizerFast`` folder.
+
+One token per character of printable ASCII plus newline, and four special tokens:
+``<pad>`` (id 0), ``<bos>`` (1), ``<eos>`` (2), ``<unk>`` (3). Any other character encodes as
+``<unk>``. Nothing is added around encoded text (no BOS, like Qwen's tokenizers); training and
+generation append ``<eos>`` themselves.
+
+Plain template: the chat template concatenates the contents of the messages and adds nothing,
+so ``apply_chat_template([{"role": "user", "content": "Q: 2+3=? A:"}])`` is ``"Q: 2+3=? A:"``.
+
+The ``Fuse`` decoder joins decoded characters without separators; without it decoded text
+would come back with a space between every character.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
+CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer as a ``PreTrainedTokenizerFast``."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    # Each character is its own pre-token; "isolated" keeps spaces and newlines as tokens.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=EOS,
+        unk_token=UNK,
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
+    """Write the tokenizer folder (loadable with ``AutoTokenizer.from_pretrained``)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """Load any tokenizer folder (the char tokenizer or a real model's) through ``AutoTokenizer``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"tokenizer path {path} is not a directory")
+    return AutoTokenizer.from_pretrained(path)

@@ -1,0 +1,45 @@
+"""Fixtures for multi-rank tests: the `multirank` runner and the automatic `distributed` marker."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.multirank import run_ranks
+
+_HERE = pathlib.Path(__file__).parent.resolve()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # This hook sees the whole session's items, not only this directory's.
+    for item in items:
+        if item.path.resolve().is_relative_to(_HERE):
+            item.add_marker(pytest.mark.distributed)
+
+
+@pytest.fixture
+def multirank(tmp_path: pathlib.Path) -> Callable[..., list]:
+    """`run_ranks` bound to this test's tmp_path (rank logs, results and the FileStore live there)."""
+
+    def run(
+        fn: Callable[..., Any],
+        world_size: int = 2,
+        timeout_s: float = 60,
+        args: tuple = (),
+        env: dict[str, str] | None = None,
+        deepspeed: bool = True,
+    ) -> list:
+        return run_ranks(
+            fn,
+            world_size,
+            tmp_path=tmp_path,
+            timeout_s=timeout_s,
+            args=args,
+            env=env,
+            deepspeed=deepspeed,
+        )
+
+    return run

@@ -1,0 +1,348 @@
+"""Multi-rank test harness: run a function on N spawned ranks joined in a real gloo process group.
+
+Every distributed test goes through :func:`run_ranks`. Each rank is a fresh ``spawn`` process
+that starts in :func:`_rank_main` (not in pytest's state): it redirects its stdout/stderr to a
+per-rank log file, sets the rank environment, creates the default process group on gloo with a
+``FileStore`` inside the test's tmp dir (no ports, so parallel pytest workers never clash),
+optionally hands that group to DeepSpeed, runs ``fn(rank, world_size, *args)`` and pickles the
+result to a file.
+
+The parent watches all ranks at once. The first rank that raises, exits non-zero or dies by a
+signal fails the run: its peers are killed at once and :class:`RankFailure` carries every
+rank's output, each line tagged ``[rank N]``. A run that outlives ``timeout_s`` has the Python
+stacks of its live ranks dumped (faulthandler on ``SIGUSR1``) before they are killed, and
+raises :class:`RankTimeout`; only that test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import pickle
+import signal
+import time
+import traceback
+from multiprocessing import get_context
+from multiprocessing.connection import wait as wait_for_sentinels
+from typing import Any, Callable
+
+__all__ = ["RankFailure", "RankTimeout", "run_ranks"]
+
+_LOG_TAIL_LINES = 60
+_STACK_DUMP_WAIT_S = 3.0
+# gloo must not give up on a collective before the harness does: the harness reports hangs
+# with stacks, a gloo timeout would only say "timed out".
+_GLOO_TIMEOUT_MARGIN_S = 120.0
+
+
+class RankFailure(AssertionError):
+    """A rank raised, exited non-zero or died by a signal; the message holds every rank's output."""
+
+
+class RankTimeout(RankFailure):
+    """Ranks were still running after ``timeout_s``; the message names them and shows their stacks."""
+
+
+def _rank_paths(run_dir: pathlib.Path, rank: int) -> dict[str, pathlib.Path]:
+    return {
+        "log": run_dir / f"rank{rank}.log",
+        "result": run_dir / f"rank{rank}.result.pkl",
+        "error": run_dir / f"rank{rank}.error.txt",
+        "stack": run_dir / f"rank{rank}.stack.txt",
+    }
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this rank if the pytest process dies, so no rank outlives its test."""
+    try:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent's finally-block kill still applies
+
+
+def _rank_main(
+    payload: bytes,
+    rank: int,
+    world_size: int,
+    run_dir: str,
+    env: dict[str, str],
+    deepspeed: bool,
+    timeout_s: float,
+) -> None:
+    """Entry point of one spawned rank. Imports nothing heavy before the environment is set."""
+    # Own process group: the parent can kill this rank together with anything it started.
+    os.setsid()
+    _die_with_parent()
+    paths = _rank_paths(pathlib.Path(run_dir), rank)
+
+    import faulthandler
+    import sys
+
+    log = open(paths["log"], "a", buffering=1)
+    # dup2 so output written by C/C++ code (gloo, DeepSpeed ops) lands in the log too.
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.reconfigure(write_through=True)
+    # Fatal signals (SIGSEGV, SIGABRT, ...) print the Python stack into the log before dying.
+    faulthandler.enable(file=log, all_threads=True)
+    stack_file = open(paths["stack"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size),
+            "MASTER_ADDR": "127.0.0.1",
+            "DS_ACCELERATOR": "cpu",
+            "OMP_NUM_THREADS": "1",
+        }
+    )
+    os.environ.update(env)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    try:
+        # Unpickled only now, so the test module (and torch/DeepSpeed it imports) sees the env.
+        fn, args = pickle.loads(payload)
+        store = dist.FileStore(str(pathlib.Path(run_dir) / "filestore"), world_size)
+        dist.init_process_group(
+            backend="gloo",
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S),
+        )
+        if deepspeed:
+            from repro.distributed import init_distributed
+
+            init_distributed()
+        result = fn(rank, world_size, *args)
+        tmp = paths["result"].with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            pickle.dump(result, f)
+        os.replace(tmp, paths["result"])
+        dist.destroy_process_group()
+    except BaseException:  # noqa: B036 - SystemExit/KeyboardInterrupt in fn are failures too
+        text = traceback.format_exc()
+        paths["error"].write_text(text)
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        # Skip atexit/teardown: peers may be stuck in a collective and the parent kills them anyway.
+        os._exit(1)
+
+
+def _tag(rank: int, text: str) -> str:
+    return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").splitlines())
+
+
+def _read(path: pathlib.Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def _mtime_ns(path: pathlib.Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _rank_report(rank: int, paths: dict[str, pathlib.Path], status: str) -> str:
+    """Tagged status, traceback (when not already in the log tail) and log tail of one rank."""
+    log_lines = _read(paths["log"]).splitlines()
+    tail = "\n".join(log_lines[-_LOG_TAIL_LINES:])
+    parts = [f"[rank {rank}] --- {status}; log: {paths['log']}"]
+    error = _read(paths["error"])
+    if error and error.strip() not in tail:
+        parts.append(_tag(rank, error))
+    if len(log_lines) > _LOG_TAIL_LINES:
+        parts.append(f"[rank {rank}] ... ({len(log_lines) - _LOG_TAIL_LINES} earlier log lines)")
+    if tail:
+        parts.append(_tag(rank, tail))
+    return "\n".join(parts)
+
+
+def _kill(proc: Any) -> None:
+    """SIGKILL a rank and its own process group (whatever it spawned), then reap it."""
+    if proc.exitcode is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # rank has not reached setsid yet, or its group is gone
+        try:
+            proc.kill()
+        except (ProcessLookupError, ValueError):
+            pass
+    proc.join(timeout=10)
+
+
+def _dump_stacks(procs: list, rank_paths: list[dict[str, pathlib.Path]]) -> dict[int, str]:
+    """SIGUSR1 every live rank (faulthandler writes its stacks) and collect what they wrote."""
+    live = [r for r, p in enumerate(procs) if p.exitcode is None]
+    for r in live:
+        try:
+            os.kill(procs[r].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    stacks: dict[int, str] = {}
+    deadline = time.monotonic() + _STACK_DUMP_WAIT_S
+    while live and time.monotonic() < deadline:
+        for r in list(live):
+            text = _read(rank_paths[r]["stack"])
+            # faulthandler ends a thread's dump with its outermost frame, "<module>" or bootstrap
+            if text and ("_rank_main" in text or "<module>" in text):
+                time.sleep(0.1)  # let faulthandler finish the other threads
+                stacks[r] = _read(rank_paths[r]["stack"])
+                live.remove(r)
+        time.sleep(0.05)
+    for r in live:
+        stacks[r] = _read(rank_paths[r]["stack"]) or (
+            "(no stack: the rank did not answer SIGUSR1; it may not have reached the harness "
+            "bootstrap yet or be stuck in C code holding the GIL)"
+        )
+    return stacks
+
+
+def _new_run_dir(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A fresh directory per call, so one test can call run_ranks several times."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    i = 0
+    while True:
+        run_dir = tmp_path / f"multirank{i}"
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            i += 1
+
+
+def run_ranks(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *,
+    tmp_path: pathlib.Path,
+    timeout_s: float = 60.0,
+    args: tuple = (),
+    env: dict[str, str] | None = None,
+    deepspeed: bool = True,
+) -> list:
+    """Run fn(rank, world_size, *args) on `world_size` spawned processes; return per-rank results (list indexed by rank)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if getattr(fn, "__qualname__", "").count("<locals>") or getattr(fn, "__name__", "") == "<lambda>":
+        raise ValueError(
+            f"fn must be a module-level function (spawned ranks import it by name), got {fn!r}"
+        )
+    try:
+        payload = pickle.dumps((fn, tuple(args)))
+    except Exception as exc:
+        raise ValueError(f"fn and args must be picklable to reach the spawned ranks: {exc}") from exc
+    env = {str(k): str(v) for k, v in (env or {}).items()}
+
+    run_dir = _new_run_dir(pathlib.Path(tmp_path))
+    rank_paths = [_rank_paths(run_dir, r) for r in range(world_size)]
+    ctx = get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_rank_main,
+            args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s)),
+            name=f"multirank-rank{r}",
+            daemon=True,
+        )
+        for r in range(world_size)
+    ]
+    start = time.monotonic()
+    try:
+        for p in procs:
+            p.start()
+        deadline = start + timeout_s
+        failed: int | None = None
+        while True:
+            running = [p for p in procs if p.exitcode is None]
+            bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            # An exit 0 without a result file means fn bypassed the bootstrap (os._exit(0), ...).
+            silent = [
+                r for r, p in enumerate(procs) if p.exitcode == 0 and not rank_paths[r]["result"].exists()
+            ]
+            if bad or silent:
+                # Several ranks may be dead by the time we look (a peer's gloo error follows the
+                # real failure): blame the one whose log went quiet first.
+                failed = min(bad + silent, key=lambda r: _mtime_ns(rank_paths[r]["log"]))
+                break
+            if not running:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            wait_for_sentinels([p.sentinel for p in running], timeout=min(remaining, 1.0))
+        elapsed = time.monotonic() - start
+
+        if failed is not None:
+            statuses = {r: _describe_exit(p.exitcode) for r, p in enumerate(procs)}
+            if procs[failed].exitcode == 0:
+                statuses[failed] = "exited with code 0 without returning a result"
+            for r, p in enumerate(procs):
+                if p.exitcode is None:
+                    _kill(p)
+                    statuses[r] = f"killed by the harness after rank {failed} failed"
+            reports = [_rank_report(r, rank_paths[r], statuses[r]) for r in range(world_size)]
+            raise RankFailure(
+                f"rank {failed} {statuses[failed]} after {elapsed:.1f} s "
+                f"({world_size} ranks, fn={fn.__module__}.{fn.__qualname__}, dir={run_dir})\n"
+                + "\n".join(reports)
+            )
+
+        hung = [r for r, p in enumerate(procs) if p.exitcode is None]
+        if hung:
+            stacks = _dump_stacks(procs, rank_paths)
+            for p in procs:
+                _kill(p)
+            sections = []
+            for r in range(world_size):
+                status = "hung; stack at timeout below" if r in hung else _describe_exit(procs[r].exitcode)
+                section = _rank_report(r, rank_paths[r], status)
+                if r in hung:
+                    section += f"\n[rank {r}] --- Python stack at timeout:\n" + _tag(r, stacks[r])
+                sections.append(section)
+            raise RankTimeout(
+                f"ranks {hung} still running after timeout_s={timeout_s:g} s; killed "
+                f"({world_size} ranks, fn={fn.__module__}.{fn.__qualname__}, dir={run_dir})\n"
+                + "\n".join(sections)
+            )
+
+        results = []
+        for r in range(world_size):
+            with open(rank_paths[r]["result"], "rb") as f:
+                results.append(pickle.load(f))
+        return results
+    finally:
+        # Also on KeyboardInterrupt or an error above: no rank may outlive its test.
+        for p in procs:
+            if p.pid is not None:
+                _kill(p)
