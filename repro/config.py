@@ -30,16 +30,44 @@ ENV_FP32_ACCUM = "VERL_DS_ZERO2_FP32_ACCUM_PATCH"
 ENV_STEP_EACH_MICRO = "VERL_DS_ZERO2_STEP_EACH_MICRO"
 
 
-def _choice(key: str, value: Any, choices: tuple) -> None:
+class ConfigFieldError(ValueError):
+    """A bad value in one config section, named relative to that section.
+
+    Sections are reused (``DeepSpeedConfig`` sits under the actor, the critic and the reference
+    policy), so ``__post_init__`` cannot know its full key; ``repro.config_loader`` finds the
+    section's path and re-raises with the full key (``actor_rollout_ref.actor.deepspeed.zero_stage``).
+    Raised directly, the message names the class instead (``DeepSpeedConfig.zero_stage``).
+    """
+
+    def __init__(self, section: str, field_name: str, value: Any, detail: str) -> None:
+        self.section = section
+        self.field_name = field_name
+        self.value = value
+        self.detail = detail
+        super().__init__(self.at(section))
+
+    def at(self, path: str) -> str:
+        """The message with the section's full path in front of the field name."""
+        return f"{path}.{self.field_name}={self.value!r} {self.detail}"
+
+
+def _fail(obj: Any, name: str, detail: str, value: Any = None) -> None:
+    value = getattr(obj, name) if value is None and "." not in name else value
+    raise ConfigFieldError(type(obj).__name__, name, value, detail)
+
+
+def _choice(obj: Any, name: str, choices: tuple, value: Any = None) -> None:
+    value = getattr(obj, name) if value is None else value
     if value not in choices:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of {list(choices)}")
+        _fail(obj, name, f"is not valid; choose one of {list(choices)}", value)
 
 
-def _positive(key: str, value: Any, allow_none: bool = False) -> None:
+def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
+    value = getattr(obj, name)
     if value is None and allow_none:
         return
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{key}={value!r} must be a positive number")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        _fail(obj, name, "must be a positive number", value)
 
 
 @dataclass
@@ -61,17 +89,18 @@ class OptimConfig:
     eps: float = 1e-8
     """AdamW epsilon."""
     total_training_steps: int = -1
-    """Optimizer steps of the whole run; filled in by the trainer from the data and epochs."""
+    """Optimizer steps of the whole run (one per mini-batch). Left at -1, ``load_config`` fills it from
+    trainer.total_training_steps x ppo_epochs x mini-batches per step; without that the trainer does."""
 
     def __post_init__(self) -> None:
-        _positive("optim.lr", self.lr)
-        _choice("optim.warmup_style", self.warmup_style, WARMUP_STYLES)
+        _positive(self, "lr")
+        _choice(self, "warmup_style", WARMUP_STYLES)
         if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
-            raise ValueError(f"optim.lr_warmup_steps_ratio={self.lr_warmup_steps_ratio} must be in [0, 1]")
+            _fail(self, "lr_warmup_steps_ratio", "must be in [0, 1]")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio={self.min_lr_ratio} must be in [0, 1]")
+            _fail(self, "min_lr_ratio", "must be in [0, 1]")
         if len(self.betas) != 2:
-            raise ValueError(f"optim.betas={list(self.betas)} must have two values")
+            _fail(self, "betas", "must have two values", list(self.betas))
 
 
 @dataclass
@@ -100,10 +129,9 @@ class DeepSpeedConfig:
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in ZERO_STAGES:
-            raise ValueError(f"deepspeed.zero_stage={self.zero_stage!r} is not valid; choose one of {list(ZERO_STAGES)}")
-        _choice("deepspeed.offload", self.offload, OFFLOAD_CHOICES)
-        _choice("deepspeed.model_dtype", self.model_dtype, MODEL_DTYPES)
+        _choice(self, "zero_stage", ZERO_STAGES)
+        _choice(self, "offload", OFFLOAD_CHOICES)
+        _choice(self, "model_dtype", MODEL_DTYPES)
 
 
 @dataclass
@@ -138,10 +166,10 @@ class ActorConfig:
     """Training backend; only ``deepspeed`` is implemented here."""
     ppo_mini_batch_size: int = 256
     """Prompts per mini-batch (multiplied by rollout.n into samples)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
-    """Samples per micro-batch on each rank; required unless use_dynamic_bsz."""
+    ppo_micro_batch_size_per_gpu: Optional[int] = 8
+    """Samples per micro-batch on each rank (ignored with use_dynamic_bsz); must divide the per-rank mini-batch."""
     ppo_micro_batch_size: Optional[int] = None
-    """Deprecated global micro-batch size; divided by dp when set."""
+    """Deprecated global micro-batch size, divided by dp; setting it on the command line replaces the per-gpu default."""
     use_dynamic_bsz: bool = False
     """Pack micro-batches by token budget (ppo_max_token_len_per_gpu) instead of sample count."""
     ppo_max_token_len_per_gpu: int = 16384
@@ -184,17 +212,18 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         if self.strategy != "deepspeed":
-            raise ValueError(f"actor.strategy={self.strategy!r} is not supported here; choose one of ['deepspeed']")
-        _positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
-        _positive("actor.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, allow_none=True)
-        _positive("actor.ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
-        _positive("actor.ppo_epochs", self.ppo_epochs)
-        _choice("actor.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
-        _choice("actor.kl_loss_type", self.kl_loss_type, KL_LOSS_TYPES)
+            _fail(self, "strategy", "is not supported here; choose one of ['deepspeed']")
+        _positive(self, "ppo_mini_batch_size")
+        _positive(self, "ppo_micro_batch_size_per_gpu", allow_none=True)
+        _positive(self, "ppo_micro_batch_size", allow_none=True)
+        _positive(self, "ppo_max_token_len_per_gpu")
+        _positive(self, "ppo_epochs")
+        _choice(self, "loss_agg_mode", LOSS_AGG_MODES)
+        _choice(self, "kl_loss_type", KL_LOSS_TYPES)
         if self.clip_ratio_c <= 1.0:
-            raise ValueError(f"actor.clip_ratio_c={self.clip_ratio_c} must be > 1 (dual clip)")
+            _fail(self, "clip_ratio_c", "must be > 1 (dual clip)")
         if self.ulysses_sequence_parallel_size < 1:
-            raise ValueError("actor.ulysses_sequence_parallel_size must be >= 1")
+            _fail(self, "ulysses_sequence_parallel_size", "must be >= 1")
 
 
 @dataclass
@@ -260,13 +289,13 @@ class RolloutConfig:
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 
     def __post_init__(self) -> None:
-        _choice("actor_rollout_ref.rollout.name", self.name, ROLLOUT_NAMES)
-        _choice("actor_rollout_ref.rollout.mode", self.mode, ("sync", "async"))
-        _positive("actor_rollout_ref.rollout.n", self.n)
+        _choice(self, "name", ROLLOUT_NAMES)
+        _choice(self, "mode", ("sync", "async"))
+        _positive(self, "n")
         if self.temperature < 0:
-            raise ValueError(f"actor_rollout_ref.rollout.temperature={self.temperature} must be >= 0")
+            _fail(self, "temperature", "must be >= 0")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"actor_rollout_ref.rollout.top_p={self.top_p} must be in (0, 1]")
+            _fail(self, "top_p", "must be in (0, 1]")
 
 
 @dataclass
@@ -288,30 +317,46 @@ class CriticConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo_mini_batch_size: int = 256
     """Prompts per critic mini-batch (times rollout.n)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = 8
+    """Samples per critic micro-batch on each rank (ignored with use_dynamic_bsz)."""
     ppo_micro_batch_size: Optional[int] = None
+    """Deprecated global micro-batch size, divided by dp (see the actor's)."""
     use_dynamic_bsz: bool = False
+    """Pack critic micro-batches by token budget (ppo_max_token_len_per_gpu)."""
     ppo_max_token_len_per_gpu: int = 32768
+    """Token budget of one dynamic critic micro-batch."""
     forward_micro_batch_size_per_gpu: Optional[int] = None
     """Samples per forward micro-batch of compute_values; defaults to ppo_micro_batch_size_per_gpu."""
     forward_max_token_len_per_gpu: int = 32768
+    """Token budget of one dynamic compute_values micro-batch."""
     ppo_epochs: int = 1
+    """Passes over each step's batch."""
     shuffle: bool = False
+    """Shuffle samples between epochs."""
     cliprange_value: float = 0.5
     """Clip range of the value loss."""
     loss_agg_mode: str = "token-mean"
+    """How token losses reduce to the batch loss."""
     grad_clip: float = 1.0
+    """Gradient-norm clip (0 disables)."""
     ulysses_sequence_parallel_size: int = 1
+    """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
     data_loader_seed: Optional[int] = None
+    """Seed of the shuffle between epochs; defaults to data.seed."""
     deepspeed_config: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
         if self.strategy != "deepspeed":
-            raise ValueError(f"critic.strategy={self.strategy!r} is not supported here; choose one of ['deepspeed']")
-        _positive("critic.ppo_mini_batch_size", self.ppo_mini_batch_size)
-        _positive("critic.ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu, allow_none=True)
-        _choice("critic.loss_agg_mode", self.loss_agg_mode, LOSS_AGG_MODES)
+            _fail(self, "strategy", "is not supported here; choose one of ['deepspeed']")
+        _positive(self, "ppo_mini_batch_size")
+        _positive(self, "ppo_micro_batch_size_per_gpu", allow_none=True)
+        _positive(self, "ppo_micro_batch_size", allow_none=True)
+        _positive(self, "ppo_max_token_len_per_gpu")
+        _positive(self, "ppo_epochs")
+        _choice(self, "loss_agg_mode", LOSS_AGG_MODES)
+        if self.ulysses_sequence_parallel_size < 1:
+            _fail(self, "ulysses_sequence_parallel_size", "must be >= 1")
 
 
 @dataclass
@@ -323,7 +368,7 @@ class KLControlConfig:
     target_kl: float = 0.1
 
     def __post_init__(self) -> None:
-        _choice("algorithm.kl_ctrl.type", self.type, ("fixed", "adaptive"))
+        _choice(self, "type", ("fixed", "adaptive"))
 
 
 @dataclass
@@ -343,8 +388,8 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
 
     def __post_init__(self) -> None:
-        _choice("algorithm.adv_estimator", self.adv_estimator, ADV_ESTIMATORS)
-        _choice("algorithm.kl_penalty", self.kl_penalty, KL_LOSS_TYPES)
+        _choice(self, "adv_estimator", ADV_ESTIMATORS)
+        _choice(self, "kl_penalty", KL_LOSS_TYPES)
 
 
 @dataclass
@@ -357,9 +402,10 @@ class RewardConfig:
     def __post_init__(self) -> None:
         for key in self.reward_kwargs:
             if key not in REWARD_KWARGS:
-                raise ValueError(f"reward.reward_kwargs.{key} is not known; choose from {list(REWARD_KWARGS)}")
+                _fail(self, f"reward_kwargs.{key}", f"is not known; choose from {list(REWARD_KWARGS)}",
+                      self.reward_kwargs[key])
         if "method" in self.reward_kwargs:
-            _choice("reward.reward_kwargs.method", self.reward_kwargs["method"], GSM8K_METHODS)
+            _choice(self, "reward_kwargs.method", GSM8K_METHODS, self.reward_kwargs["method"])
 
 
 @dataclass
@@ -369,42 +415,53 @@ class DataConfig:
     val_files: Any = None
     """Parquet file(s) of validation prompts; None uses the built-in arithmetic task."""
     prompt_key: str = "prompt"
+    """Column holding the chat-format prompt."""
     reward_fn_key: str = "data_source"
+    """Column that picks the reward function."""
     train_batch_size: int = 1024
     """Prompts per RL step."""
     val_batch_size: Optional[int] = None
     """Accepted for verl compatibility; validation runs the whole set."""
     max_prompt_length: int = 512
+    """Longest prompt in tokens (left-padded to this length)."""
     max_response_length: int = 512
+    """Most tokens generated per response."""
     filter_overlong_prompts: bool = False
     """Drop prompts longer than max_prompt_length instead of failing."""
     truncation: str = "error"
     """error, left or right: what to do with an over-long prompt that is kept."""
     trust_remote_code: bool = False
+    """Passed to the tokenizer."""
     shuffle: bool = True
+    """Shuffle the training prompts each epoch."""
     seed: int = 1
+    """Seed of the prompt order."""
     return_raw_chat: bool = False
     """Accepted for verl compatibility (no effect)."""
 
     def __post_init__(self) -> None:
-        _positive("data.train_batch_size", self.train_batch_size)
-        _positive("data.max_prompt_length", self.max_prompt_length)
-        _positive("data.max_response_length", self.max_response_length)
-        _choice("data.truncation", self.truncation, ("error", "left", "right", "middle"))
+        _positive(self, "train_batch_size")
+        _positive(self, "max_prompt_length")
+        _positive(self, "max_response_length")
+        _choice(self, "truncation", ("error", "left", "right", "middle"))
 
 
 @dataclass
 class TrainerConfig:
     project_name: str = "repro"
+    """Group name of the run (logs, output directory)."""
     experiment_name: str = "grpo_tiny_arith"
+    """Name of the run."""
     logger: list[str] = field(default_factory=lambda: ["console"])
     """console and/or file; other verl loggers are accepted and ignored with a warning."""
     n_gpus_per_node: int = 2
     """Ranks per node (CPU processes when there is no GPU)."""
     nnodes: int = 1
+    """Nodes; world size = n_gpus_per_node * nnodes."""
     device: str = "auto"
     """auto (cuda if available), cpu or cuda."""
     total_epochs: int = 1
+    """Passes over the training prompts when total_training_steps is None."""
     total_training_steps: Optional[int] = None
     """RL steps to run; None runs total_epochs over the data."""
     save_freq: int = -1
@@ -412,6 +469,7 @@ class TrainerConfig:
     test_freq: int = -1
     """Validate every N steps (<= 0 disables)."""
     val_before_train: bool = False
+    """Validate once before the first step."""
     critic_warmup: int = 0
     """Steps that update only the critic."""
     default_local_dir: Optional[str] = None
@@ -421,8 +479,11 @@ class TrainerConfig:
     resume_mode: str = "auto"
     """auto (latest checkpoint if any), disable, or resume_path."""
     resume_from_path: Optional[str] = None
+    """Checkpoint directory to resume from with resume_mode=resume_path."""
     max_actor_ckpt_to_keep: Optional[int] = 2
+    """Actor checkpoints kept on disk (None keeps all)."""
     max_critic_ckpt_to_keep: Optional[int] = 2
+    """Critic checkpoints kept on disk (None keeps all)."""
     seed: int = 1
     """Seed of model init, sampling and data order."""
     use_legacy_worker_impl: str = "auto"
@@ -435,13 +496,13 @@ class TrainerConfig:
     """auto (bar on a terminal), bar or plain."""
 
     def __post_init__(self) -> None:
-        _positive("trainer.n_gpus_per_node", self.n_gpus_per_node)
-        _positive("trainer.nnodes", self.nnodes)
-        _choice("trainer.device", self.device, DEVICES)
-        _choice("trainer.resume_mode", self.resume_mode, ("auto", "disable", "resume_path"))
-        _choice("trainer.progress", self.progress, ("auto", "bar", "plain"))
+        _positive(self, "n_gpus_per_node")
+        _positive(self, "nnodes")
+        _choice(self, "device", DEVICES)
+        _choice(self, "resume_mode", ("auto", "disable", "resume_path"))
+        _choice(self, "progress", ("auto", "bar", "plain"))
         if self.total_training_steps is not None:
-            _positive("trainer.total_training_steps", self.total_training_steps)
+            _positive(self, "total_training_steps")
 
 
 @dataclass
@@ -496,6 +557,11 @@ def critic_enabled(cfg: RunConfig) -> bool:
     if cfg.critic.enable is None:
         return cfg.algorithm.adv_estimator == "gae"
     return bool(cfg.critic.enable)
+
+
+def ref_policy_used(cfg: RunConfig) -> bool:
+    """Whether a frozen reference policy is needed: a KL loss or a KL penalty in the reward."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
 # Keys that verl's command lines set but that mean nothing for this backend. Setting one to a

@@ -22,9 +22,10 @@ import pickle
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for_sentinels
-from typing import Any, Callable
+from typing import Any
 
 __all__ = ["RankFailure", "RankTimeout", "run_ranks"]
 
@@ -176,6 +177,11 @@ def _rank_report(rank: int, paths: dict[str, pathlib.Path], status: str) -> str:
     log_lines = _read(paths["log"]).splitlines()
     tail = "\n".join(log_lines[-_LOG_TAIL_LINES:])
     parts = [f"[rank {rank}] --- {status}; log: {paths['log']}"]
+    if not paths["log"].exists():
+        parts.append(
+            f"[rank {rank}] (no log: the rank died before the harness bootstrap redirected its output; "
+            "look for its stderr in the test's captured output)"
+        )
     error = _read(paths["error"])
     if error and error.strip() not in tail:
         parts.append(_tag(rank, error))
@@ -221,8 +227,8 @@ def _dump_stacks(procs: list, rank_paths: list[dict[str, pathlib.Path]]) -> dict
         time.sleep(0.05)
     for r in live:
         stacks[r] = _read(rank_paths[r]["stack"]) or (
-            "(no stack: the rank did not answer SIGUSR1; it may not have reached the harness "
-            "bootstrap yet or be stuck in C code holding the GIL)"
+            "(no stack: the rank did not answer SIGUSR1; it had probably not reached the harness "
+            "bootstrap yet, e.g. still unpickling/importing in multiprocessing's spawn start-up)"
         )
     return stacks
 
@@ -250,15 +256,25 @@ def run_ranks(
     env: dict[str, str] | None = None,
     deepspeed: bool = True,
 ) -> list:
-    """Run fn(rank, world_size, *args) on `world_size` spawned processes; return per-rank results (list indexed by rank)."""
+    """Run fn(rank, world_size, *args) on `world_size` spawned processes; return per-rank results (list indexed by rank).
+
+    ``fn`` must be a module-level function; it and ``args`` are pickled, and each rank's return
+    value is pickled back. ``timeout_s`` bounds the whole run, rank start-up (imports, process
+    group, DeepSpeed init) included. ``env`` is applied after the harness's own variables, so
+    it may override them. With ``deepspeed=True`` each rank also calls
+    ``repro.distributed.init_distributed()`` on the gloo group. Rank logs, results and the
+    FileStore live in a fresh ``tmp_path/multirank<i>`` directory.
+
+    Raises RankFailure on the first rank that raises, exits non-zero or dies by a signal (peers
+    are killed), RankTimeout when ranks are still running after ``timeout_s``, and ValueError
+    for an unusable ``fn``/``args``/``world_size``/``timeout_s``.
+    """
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
     if getattr(fn, "__qualname__", "").count("<locals>") or getattr(fn, "__name__", "") == "<lambda>":
-        raise ValueError(
-            f"fn must be a module-level function (spawned ranks import it by name), got {fn!r}"
-        )
+        raise ValueError(f"fn must be a module-level function (spawned ranks import it by name), got {fn!r}")
     try:
         payload = pickle.dumps((fn, tuple(args)))
     except Exception as exc:
@@ -310,7 +326,7 @@ def run_ranks(
             for r, p in enumerate(procs):
                 if p.exitcode is None:
                     _kill(p)
-                    statuses[r] = f"killed by the harness after rank {failed} failed"
+                    statuses[r] = f"still running when rank {failed} failed; killed by the harness"
             reports = [_rank_report(r, rank_paths[r], statuses[r]) for r in range(world_size)]
             raise RankFailure(
                 f"rank {failed} {statuses[failed]} after {elapsed:.1f} s "

@@ -19,6 +19,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import random
 import shutil
@@ -40,6 +41,8 @@ from repro.rewards.gsm8k import compute_score
 # Bump when the training procedure changes, so old cache entries are not reused.
 RECIPE_VERSION = 1
 REPORT_NAME = "repro_tiny_policy.json"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -207,9 +210,11 @@ def train_tiny_policy(recipe: SFTRecipe, out_dir: str | os.PathLike[str],
         torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
         opt.step()
         step += 1
-        loss_value = float(loss)
+        loss_value = float(loss.detach())
         if step % recipe.eval_every == 0:
             history.append((step, greedy_accuracy(model, tok, held_out, device)))
+            log.info("tiny-policy SFT step %d loss %.4f held-out accuracy %.3f (%.1f s)",
+                     step, loss_value, history[-1][1], time.perf_counter() - t0)
     out = Path(out_dir)
     save_model(model.to("cpu"), out)
     tok.save_pretrained(out)

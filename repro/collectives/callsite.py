@@ -1,0 +1,120 @@
+"""Which stack frame is "the call site" of a collective.
+
+The user site is the innermost frame outside torch, DeepSpeed and this tracer: the line a person
+would edit. Files of the rest of ``repro`` (workers, scenarios) and of tests and scripts count as
+user code. For calls made inside a library (DeepSpeed's gradient reduction, torch's FSDP) the
+innermost library frame is kept as the "library site" too, since that names the mechanism.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from types import FrameType
+
+_USER, _LIBRARY, _PLUMBING = 0, 1, 2
+
+
+def _package_dir(name: str) -> str | None:
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.realpath(list(spec.submodule_search_locations)[0]) + os.sep
+
+
+_REPRO_DIR = os.path.realpath(os.path.dirname(os.path.dirname(__file__))) + os.sep
+_TRACER_PREFIXES = (
+    os.path.join(_REPRO_DIR, "collectives") + os.sep,
+    os.path.join(_REPRO_DIR, "collectives_trace.py"),
+)
+_DEEPSPEED_DIR = _package_dir("deepspeed")
+_LIBRARY_DIRS = tuple(d for d in (_package_dir("torch"), _DEEPSPEED_DIR) if d)
+# Frames of the communication wrappers themselves (torch.distributed's entry points,
+# deepspeed.comm) say nothing about which mechanism issued the call.
+_PLUMBING_FILES = ("distributed_c10d.py", "c10d_logger.py")
+_PLUMBING_DIRS = tuple(os.path.join(d, "comm") + os.sep for d in (_DEEPSPEED_DIR,) if d)
+
+_FOREIGN_LIBRARY = re.compile(r"[/\\\\](site|dist)-packages[/\\\\](torch|deepspeed)[/\\\\]")
+_FOREIGN_DS_COMM = os.sep.join(("", "deepspeed", "comm", ""))
+
+_classified: dict[str, int] = {}
+_formatted: dict[tuple[str, int, str], str] = {}
+
+
+def _classify(filename: str) -> int:
+    kind = _classified.get(filename)
+    if kind is None:
+        real = os.path.realpath(filename) if not filename.startswith("<") else filename
+        if real.startswith(_TRACER_PREFIXES):
+            kind = _PLUMBING
+        elif real.startswith(_LIBRARY_DIRS) or _FOREIGN_LIBRARY.search(real):
+            # (paths from another machine's install, as in Flight Recorder dumps, match by pattern)
+            plumbing = real.endswith(_PLUMBING_FILES) or (
+                (bool(_PLUMBING_DIRS) and real.startswith(_PLUMBING_DIRS)) or _FOREIGN_DS_COMM in real
+            )
+            kind = _PLUMBING if plumbing else _LIBRARY
+        elif filename.startswith("<frozen") or os.sep + "multiprocessing" + os.sep in real:
+            kind = _PLUMBING
+        else:
+            kind = _USER
+        _classified[filename] = kind
+    return kind
+
+
+def _short_path(filename: str) -> str:
+    marker = os.sep + "site-packages" + os.sep
+    if marker in filename:
+        return filename.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(filename)
+    except ValueError:
+        return filename
+    return filename if rel.startswith(".." + os.sep + "..") else rel
+
+
+def format_frame(filename: str, lineno: int, function: str) -> str:
+    """``path:line function`` with site-packages and cwd prefixes dropped."""
+    key = (filename, lineno, function)
+    text = _formatted.get(key)
+    if text is None:
+        text = f"{_short_path(filename)}:{lineno} {function}"
+        _formatted[key] = text
+    return text
+
+
+def sites_from_frame(frame: FrameType | None) -> tuple[str, str | None]:
+    """(user site, innermost library site or None), walking outward from ``frame``."""
+    lib: str | None = None
+    f = frame
+    while f is not None:
+        code = f.f_code
+        kind = _classify(code.co_filename)
+        if kind == _USER:
+            return format_frame(code.co_filename, f.f_lineno, code.co_name), lib
+        if kind == _LIBRARY and lib is None:
+            lib = format_frame(code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return "<no user frame>", lib
+
+
+def current_sites(skip: int = 1) -> tuple[str, str | None]:
+    """Call sites of the caller's caller (``skip`` frames above this function)."""
+    return sites_from_frame(sys._getframe(skip + 1))
+
+
+def sites_from_frames(frames: list[tuple[str, int, str]]) -> tuple[str, str | None]:
+    """The same rule over an innermost-first list of (file, line, function), e.g. from a FR dump."""
+    lib: str | None = None
+    for filename, lineno, name in frames:
+        kind = _classify(filename)
+        if kind == _USER:
+            return format_frame(filename, lineno, name), lib
+        if kind == _LIBRARY and lib is None:
+            lib = format_frame(filename, lineno, name)
+    return "<no user frame>", lib

@@ -1,0 +1,222 @@
+"""Check mode: before a collective runs, the ranks of its group compare fingerprints through the store.
+
+Each rank publishes its call (op, numel, dtype, root, reduce op, call sites) under a key named by
+the tracing session, the group and the group's sequence number, then reads its peers' keys. A
+difference raises :class:`CollectiveMismatchError` on every rank of the group, before the real
+call could abort (gloo) or hang (NCCL). A peer that does not publish within ``timeout_s`` is
+reported with the last call it published (``.../last/<rank>``, written with every check).
+
+Cost per checked call: one ``multi_set``, one or more ``check`` polls, one ``multi_get`` and one
+``delete_key`` round trip to the store. While a rank waits, it also looks at its peers' last
+published calls: a peer blocked in a call of another group that this rank has not issued yet
+is a certain deadlock and is reported at once, without waiting for the timeout. A rank deletes its key for the previous checked call once it has seen
+every peer's current key: each peer reads that key before publishing the next one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from repro.collectives.align import Divergence
+from repro.collectives.events import CallRecord
+
+CHECK_CHOICES = "off, every, sample:N (N >= 1)"
+
+
+@dataclass(frozen=True)
+class CheckMode:
+    """``off`` (record only), ``every`` call, or every Nth call of each group (``sample:N``)."""
+
+    every: int  # 0 = off
+
+    @property
+    def text(self) -> str:
+        return "off" if self.every == 0 else "every" if self.every == 1 else f"sample:{self.every}"
+
+    @classmethod
+    def parse(cls, text: str, source: str = "check") -> CheckMode:
+        value = (text or "off").strip().lower()
+        if value in ("off", "none", "record", "0"):
+            return cls(0)
+        if value == "every":
+            return cls(1)
+        if value.startswith("sample:"):
+            try:
+                n = int(value.split(":", 1)[1])
+            except ValueError:
+                n = 0
+            if n >= 1:
+                return cls(n)
+        raise ValueError(f"{source}={text!r} is not a check mode; valid: {CHECK_CHOICES}")
+
+    def wants(self, group_seq: int) -> bool:
+        return self.every > 0 and group_seq % self.every == 0
+
+
+class CollectiveMismatchError(RuntimeError):
+    """Ranks of a group are about to issue different collectives (or one never arrived).
+
+    ``divergence`` holds the structured finding; ``report`` its text, also the message.
+    """
+
+    def __init__(self, divergence: Divergence) -> None:
+        from repro.collectives.report import format_divergence
+
+        self.divergence = divergence
+        self.report = format_divergence(divergence)
+        super().__init__(self.report)
+
+
+def _payload(rec: CallRecord) -> str:
+    d = rec.to_json()
+    d.pop("detail", None)
+    return json.dumps(d, separators=(",", ":"))
+
+
+class Checker:
+    """Runs the store exchange for the calls its mode selects."""
+
+    def __init__(self, mode: CheckMode, timeout_s: float, session: str) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.mode = mode
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.timeout_s = timeout_s
+        self.prefix = f"repro_ct/{session}"
+        self._store: Any = None
+        self._previous_key: dict[str, str] = {}
+
+    def _key(self, group: str, seq: int, rank: int) -> str:
+        return f"{self.prefix}/{group}/{seq}/{rank}"
+
+    def _last_key(self, rank: int) -> str:
+        return f"{self.prefix}/last/{rank}"
+
+    def check(self, rec: CallRecord, previous: list[CallRecord], tracer: Any) -> None:
+        if rec.group_seq is None or not self.mode.wants(rec.group_seq) or len(rec.ranks) < 2:
+            return
+        if self._store is None:
+            self._store = dist.distributed_c10d._get_default_store()
+        store = self._store
+        mine = _payload(rec)
+        own_key = self._key(rec.group, rec.group_seq, rec.rank)
+        store.multi_set([own_key, self._last_key(rec.rank)], [mine, mine])
+        peers = [r for r in rec.ranks if r != rec.rank]
+        peer_keys = [self._key(rec.group, rec.group_seq, r) for r in peers]
+        crossed = self._wait_for_peers(rec, peers, peer_keys, tracer)
+        if crossed is not None:
+            crossed.before = [(c, None) for c in previous]
+            self._fail(crossed, tracer)
+        calls = {rec.rank: rec}
+        for r, raw in zip(peers, store.multi_get(peer_keys)):
+            calls[r] = CallRecord.from_json(json.loads(raw))
+        old = self._previous_key.get(rec.group)
+        if old is not None:
+            store.delete_key(old)
+        self._previous_key[rec.group] = own_key
+        # Every rank compares the same pairs (lowest rank against each other one), so all raise
+        # the same report.
+        ordered = sorted(calls)
+        ref = calls[ordered[0]]
+        for r in ordered[1:]:
+            other = calls[r]
+            if other.fingerprint() != ref.fingerprint():
+                div = Divergence(
+                    kind="mismatch",
+                    group=rec.group,
+                    ranks=rec.ranks,
+                    rank_a=ref.rank,
+                    rank_b=other.rank,
+                    call_a=ref,
+                    call_b=other,
+                    differing=ref.differing_fields(other),
+                    before=[(c, None) for c in previous],
+                    source=f"check ({self.mode.text}) on rank {rec.rank}",
+                )
+                self._fail(div, tracer)
+
+    def _wait_for_peers(
+        self, rec: CallRecord, peers: list[int], peer_keys: list[str], tracer: Any
+    ) -> Divergence | None:
+        """Poll until every peer published this call; a deadlock or the timeout gives a divergence.
+
+        Polling with ``check`` rather than a blocking ``wait``: while waiting, peers' last
+        published calls are inspected, which finds crossed waits across groups in a fraction of
+        a second (rank 0 in group A waiting for rank 1, rank 1 in group B waiting for rank 0).
+        """
+        store = self._store
+        if store.check(peer_keys):
+            return None
+        start = time.monotonic()
+        pause, next_look = 5e-5, start + 0.1
+        while True:
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+            if store.check(peer_keys):
+                return None
+            now = time.monotonic()
+            if now - start > self.timeout_s:
+                return self._timeout_divergence(rec, peers, peer_keys)
+            if now >= next_look:
+                next_look = now + 0.1
+                crossed = self._crossed_wait(rec, peers, peer_keys, tracer)
+                if crossed is not None:
+                    return crossed
+
+    def _crossed_wait(
+        self, rec: CallRecord, peers: list[int], peer_keys: list[str], tracer: Any
+    ) -> Divergence | None:
+        """A peer blocked in a checked call that this rank has not issued: neither can go on.
+
+        The peer cannot have passed that call (it needs this rank's key for it), and this rank
+        cannot reach it while it waits here, so the wait is a certain deadlock.
+        """
+        store = self._store
+        for r, k in zip(peers, peer_keys):
+            if store.check([k]) or not store.check([self._last_key(r)]):
+                continue
+            theirs = CallRecord.from_json(json.loads(store.get(self._last_key(r))))
+            if rec.rank not in theirs.ranks or theirs.group_seq is None:
+                continue
+            if (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
+                continue
+            if tracer.group_seq(theirs.group) < theirs.group_seq:
+                a, b = (rec, theirs) if rec.rank < r else (theirs, rec)
+                return Divergence(
+                    kind="mismatch", group=a.group, ranks=a.ranks, rank_a=a.rank, rank_b=b.rank,
+                    call_a=a, call_b=b, differing=a.differing_fields(b),
+                    source=f"check ({self.mode.text}) on rank {rec.rank}: crossed waits, a certain deadlock",
+                )
+        return None
+
+    def _timeout_divergence(self, rec: CallRecord, peers: list[int], peer_keys: list[str]) -> Divergence:
+        store = self._store
+        missing = [r for r, k in zip(peers, peer_keys) if not store.check([k])]
+        late = missing[0] if missing else peers[0]
+        last = None
+        if store.check([self._last_key(late)]):
+            last = CallRecord.from_json(json.loads(store.get(self._last_key(late))))
+        return Divergence(
+            kind="timeout",
+            group=rec.group,
+            ranks=rec.ranks,
+            rank_a=rec.rank,
+            rank_b=late,
+            call_a=rec,
+            call_b=None,
+            last_b=last,
+            missing_ranks=missing,
+            source=f"check ({self.mode.text}) on rank {rec.rank}, waited {self.timeout_s:g} s",
+        )
+
+    def _fail(self, div: Divergence, tracer: Any) -> None:
+        from repro.collectives.report import divergence_to_json
+
+        tracer.write_event({"ev": "check_fail", "report": divergence_to_json(div)})
+        raise CollectiveMismatchError(div)

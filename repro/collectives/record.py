@@ -1,0 +1,338 @@
+"""Record mode: wrap torch.distributed's collective and point-to-point functions.
+
+Each wrapped call writes a ``call`` event (and runs the live check, when on) before the real call
+and a ``ret`` event after it returns. Wrappers are installed on ``torch.distributed`` and
+``torch.distributed.distributed_c10d`` (torch's own helpers such as ``all_gather_object`` call
+through the latter), and on DeepSpeed's backend object, which caches the all-gather and
+reduce-scatter functions it found at start-up. Everything DeepSpeed's ``deepspeed.comm`` does
+ends in these functions, so it is covered once, without double records. A call made while
+another traced call is running on the same thread (the ``broadcast`` inside
+``broadcast_object_list``) is not recorded again.
+
+Not covered: functional collectives (``torch.distributed._functional_collectives``, DTensor) and
+code that bound a function by ``from torch.distributed import all_reduce`` before install.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from repro.collectives.callsite import sites_from_frame
+from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
+
+# op -> (parameter names in order, tensor parameter, how to count it, root/peer param, group-rank param, reduce-op param)
+_T, _L, _O, _P = "tensor", "list", "object", "p2p_list"
+OP_SPECS: dict[str, tuple[tuple[str, ...], str | None, str, str | None, str | None, str | None]] = {
+    "all_reduce": (("tensor", "op", "group", "async_op"), "tensor", _T, None, None, "op"),
+    "all_reduce_coalesced": (("tensors", "op", "group", "async_op"), "tensors", _L, None, None, "op"),
+    "reduce": (("tensor", "dst", "op", "group", "async_op", "group_dst"), "tensor", _T, "dst", "group_dst", "op"),
+    "broadcast": (("tensor", "src", "group", "async_op", "group_src"), "tensor", _T, "src", "group_src", None),
+    "all_gather": (("tensor_list", "tensor", "group", "async_op"), "tensor", _T, None, None, None),
+    "all_gather_into_tensor": (("output_tensor", "input_tensor", "group", "async_op"), "input_tensor", _T, None, None, None),
+    "_all_gather_base": (("output_tensor", "input_tensor", "group", "async_op"), "input_tensor", _T, None, None, None),
+    "all_gather_coalesced": (("output_tensor_lists", "input_tensor_list", "group", "async_op"), "input_tensor_list", _L, None, None, None),
+    "gather": (("tensor", "gather_list", "dst", "group", "async_op", "group_dst"), "tensor", _T, "dst", "group_dst", None),
+    "scatter": (("tensor", "scatter_list", "src", "group", "async_op", "group_src"), "tensor", _T, "src", "group_src", None),
+    "reduce_scatter": (("output", "input_list", "op", "group", "async_op"), "output", _T, None, None, "op"),
+    "reduce_scatter_tensor": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
+    "_reduce_scatter_base": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
+    "all_to_all": (("output_tensor_list", "input_tensor_list", "group", "async_op"), "input_tensor_list", _L, None, None, None),
+    "all_to_all_single": (("output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"), "input", _T, None, None, None),
+    "barrier": (("group", "async_op", "device_ids", "timeout"), None, _O, None, None, None),
+    "monitored_barrier": (("group", "timeout", "wait_all_ranks"), None, _O, None, None, None),
+    "send": (("tensor", "dst", "group", "tag", "group_dst"), "tensor", _T, "dst", "group_dst", None),
+    "isend": (("tensor", "dst", "group", "tag", "group_dst"), "tensor", _T, "dst", "group_dst", None),
+    "recv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
+    "irecv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
+    "batch_isend_irecv": (("p2p_op_list",), "p2p_op_list", _P, None, None, None),
+    "broadcast_object_list": (("object_list", "src", "group", "device", "group_src"), None, _O, "src", "group_src", None),
+    "all_gather_object": (("object_list", "obj", "group"), None, _O, None, None, None),
+    "gather_object": (("obj", "object_gather_list", "dst", "group", "group_dst"), None, _O, "dst", "group_dst", None),
+    "scatter_object_list": (("scatter_object_output_list", "scatter_object_input_list", "src", "group", "group_src"), None, _O, "src", "group_src", None),
+    "send_object_list": (("object_list", "dst", "group", "device", "group_dst", "use_batch"), None, _O, "dst", "group_dst", None),
+    "recv_object_list": (("object_list", "src", "group", "device", "group_src", "use_batch"), None, _O, "src", "group_src", None),
+}
+_PEER_OPS = frozenset({"send", "isend", "recv", "irecv", "send_object_list", "recv_object_list"})
+# DeepSpeed's TorchBackend keeps these torch functions as attributes chosen at start-up.
+_DEEPSPEED_CACHED = ("all_gather_function", "reduce_scatter_function")
+
+_local = threading.local()
+_active: Tracer | None = None
+_installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class _GroupInfo:
+    __slots__ = ("key", "ranks", "member", "obj")
+
+    def __init__(self, group: Any) -> None:
+        self.obj = group  # keep it alive so its id() is not reused while cached
+        self.member = not c10d._rank_not_in_group(group)
+        if self.member:
+            pg = group if group is not None else c10d._get_default_group()
+            self.key = str(pg.group_name)
+            self.ranks = tuple(dist.get_process_group_ranks(pg))
+        else:
+            self.key, self.ranks = "", ()
+
+
+class Tracer:
+    """One tracing session of this process: writes the rank file, numbers calls, runs the check."""
+
+    def __init__(self, out_dir: str | os.PathLike, checker: Any | None = None, session: str = "0") -> None:
+        self.out_dir = os.fspath(out_dir)
+        self.checker = checker
+        self.session = session
+        self.rank: int | None = None
+        self._writer: TraceFileWriter | None = None
+        self._index = 0
+        self._group_seq: dict[str, int] = {}
+        self._groups: dict[int, _GroupInfo] = {}
+        self._history: dict[str, deque[CallRecord]] = {}
+        self._lock = threading.Lock()
+
+    # -- file ---------------------------------------------------------------------------------
+    def _open(self) -> TraceFileWriter:
+        import pathlib
+
+        self.rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        self._writer = TraceFileWriter(pathlib.Path(self.out_dir) / f"rank{self.rank}.jsonl")
+        self._writer.write(
+            {
+                "ev": "meta",
+                "rank": self.rank,
+                "world_size": dist.get_world_size() if dist.is_initialized() else None,
+                "backend": dist.get_backend() if dist.is_initialized() else None,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "check": self.checker.mode.text if self.checker else "off",
+                "session": self.session,
+                "t": time.time(),
+                "torch": torch.__version__,
+                "argv": sys.argv,
+            }
+        )
+        return self._writer
+
+    def group_seq(self, group: str) -> int:
+        """How many collectives this rank has issued on ``group`` in this session."""
+        return self._group_seq.get(group, 0)
+
+    def write_event(self, event: dict[str, Any]) -> None:
+        (self._writer or self._open()).write(event)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- calls --------------------------------------------------------------------------------
+    def _group(self, group: Any) -> _GroupInfo:
+        info = self._groups.get(id(group))
+        if info is None:
+            info = _GroupInfo(group)
+            self._groups[id(group)] = info
+            if info.member:
+                self.write_event({"ev": "group", "group": info.key, "ranks": list(info.ranks)})
+        return info
+
+    def describe(self, op: str, args: tuple, kwargs: dict) -> CallRecord | None:
+        """The record of a call about to be made, or None when this rank is not in its group."""
+        names, tensor_param, count, root_param, group_root_param, redop_param = OP_SPECS[op]
+        params = dict(zip(names, args))
+        params.update(kwargs)
+        numel, dtype, detail = 0, "", []
+        value = params.get(tensor_param) if tensor_param else None
+        if count == _T and value is not None:
+            numel, dtype = value.numel(), _dtype_name(value.dtype)
+        elif count == _L and value:
+            numel, dtype = sum(t.numel() for t in value), _dtype_name(value[0].dtype)
+        elif count == _P and value:
+            detail = [[p.op.__name__, p.peer, p.tensor.numel(), _dtype_name(p.tensor.dtype)] for p in value]
+            numel, dtype = sum(d[2] for d in detail), detail[0][3]
+            params["group"] = value[0].group
+        info = self._group(params.get("group"))
+        if not info.member:
+            return None
+        root = params.get(root_param) if root_param else None
+        if root is None and group_root_param and params.get(group_root_param) is not None:
+            root = info.ranks[params[group_root_param]]
+        redop = params.get(redop_param) if redop_param else None
+        if redop is None and redop_param:
+            redop = "SUM"
+        size_free = op in SIZE_FREE_OPS or (
+            op == "all_to_all_single" and (params.get("input_split_sizes") or params.get("output_split_sizes"))
+        )
+        is_p2p = op in _PEER_OPS or op == "batch_isend_irecv"
+        if not is_p2p:
+            self._group_seq[info.key] = seq = self._group_seq.get(info.key, 0) + 1
+        self._index += 1
+        # Frame 0 is describe, 1 Tracer.before, 2 the wrapper; the caller is above that.
+        site, lib_site = sites_from_frame(sys._getframe(3))
+        return CallRecord(
+            rank=self.rank if self.rank is not None else -1,
+            index=self._index,
+            op=op,
+            group=info.key,
+            ranks=info.ranks,
+            group_seq=None if is_p2p else seq,
+            numel=numel,
+            dtype=dtype,
+            site=site,
+            lib_site=lib_site,
+            t=time.time(),
+            root=root if op not in _PEER_OPS else None,
+            peer=root if op in _PEER_OPS else None,
+            redop=None if redop is None else str(redop).rsplit(".", 1)[-1],
+            async_op=bool(params.get("async_op", False)),
+            size_free=bool(size_free),
+            detail=detail,
+        )
+
+    def before(self, op: str, args: tuple, kwargs: dict) -> CallRecord | None:
+        with self._lock:
+            if self._writer is None:
+                self._open()
+            rec = self.describe(op, args, kwargs)
+            if rec is None:
+                return None
+            event = rec.to_json()
+            event["ev"] = "call"
+            if not event["detail"]:
+                del event["detail"]
+            del event["t_end"]
+            self._writer.write(event)
+            if rec.group_seq is not None:
+                hist = self._history.setdefault(rec.group, deque(maxlen=4))
+                previous = list(hist)
+                hist.append(rec)
+        if self.checker is not None and rec.group_seq is not None:
+            self.checker.check(rec, previous, self)
+        return rec
+
+    def after(self, rec: CallRecord) -> None:
+        self._writer.write({"ev": "ret", "index": rec.index, "t": time.time()})
+
+
+def active() -> Tracer | None:
+    """The tracer now recording in this process, if any."""
+    return _active
+
+
+def _make_wrapper(op: str, original: Callable) -> Callable:
+    @functools.wraps(original)
+    def traced(*args: Any, **kwargs: Any) -> Any:
+        tracer = _active
+        if tracer is None or getattr(_local, "depth", 0):
+            return original(*args, **kwargs)
+        try:
+            rec = tracer.before(op, args, kwargs)
+        except Exception as exc:
+            from repro.collectives.check import CollectiveMismatchError
+
+            if isinstance(exc, CollectiveMismatchError):
+                raise
+            # A tracer bug must not break the traced program: note it once and carry on.
+            if not getattr(tracer, "_warned", False):
+                tracer._warned = True
+                print(f"repro.collectives_trace: could not record {op}: {exc!r}", file=sys.stderr)
+            rec = None
+        _local.depth = 1
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _local.depth = 0
+            if rec is not None:
+                tracer.after(rec)
+
+    traced.__repro_traced__ = original  # type: ignore[attr-defined]
+    return traced
+
+
+class _P2PWrapper:
+    """isend/irecv wrapper that compares equal to the original (``P2POp`` checks ``op in [isend, irecv]``)."""
+
+    def __init__(self, op: str, original: Callable) -> None:
+        self._call = _make_wrapper(op, original)
+        self.__repro_traced__ = original
+        functools.update_wrapper(self, original)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self.__repro_traced__
+
+    def __hash__(self) -> int:
+        return hash(self.__repro_traced__)
+
+
+def _wrapper_for(op: str, original: Callable) -> Callable:
+    return _P2PWrapper(op, original) if op in ("isend", "irecv") else _make_wrapper(op, original)
+
+
+def _patch(owner: Any, attr: str, op: str, wrappers: dict[int, Callable]) -> None:
+    original = getattr(owner, attr, None)
+    if original is None or hasattr(original, "__repro_traced__"):
+        return
+    wrapper = wrappers.get(id(original))
+    if wrapper is None:
+        wrapper = wrappers[id(original)] = _wrapper_for(op, original)
+    setattr(owner, attr, wrapper)
+    _installed.append((owner, attr, original))
+
+
+def patch_deepspeed_backend() -> None:
+    """Wrap the functions DeepSpeed's backend cached at start-up (call again after deepspeed.init_distributed)."""
+    ds_comm = sys.modules.get("deepspeed.comm.comm")
+    cdb = getattr(ds_comm, "cdb", None) if ds_comm else None
+    if cdb is None:
+        return
+    for attr in _DEEPSPEED_CACHED:
+        fn = getattr(cdb, attr, None)
+        if fn is None or hasattr(fn, "__repro_traced__"):
+            continue
+        op = getattr(fn, "__name__", "")
+        if op in OP_SPECS:
+            setattr(cdb, attr, _wrapper_for(op, fn))
+            _installed.append((cdb, attr, fn))
+
+
+def install(tracer: Tracer) -> None:
+    """Make ``tracer`` the active one and wrap the torch.distributed functions (idempotent)."""
+    global _active
+    if _active is not None and _active is not tracer:
+        raise RuntimeError("another collective trace is already active in this process")
+    if not _installed:
+        wrappers: dict[int, Callable] = {}
+        for op in OP_SPECS:
+            for owner in (c10d, dist):
+                _patch(owner, op, op, wrappers)
+    patch_deepspeed_backend()
+    _active = tracer
+
+
+def uninstall() -> None:
+    """Stop tracing and put every original function back."""
+    global _active
+    if _active is not None:
+        _active.close()
+    _active = None
+    while _installed:
+        owner, attr, original = _installed.pop()
+        if hasattr(getattr(owner, attr, None), "__repro_traced__"):
+            setattr(owner, attr, original)

@@ -1,0 +1,149 @@
+"""Divergence reports: plain text for people, JSON for tools.
+
+The text leads with one sentence ("rank 0 issued one extra all_reduce ..."), then shows the two
+ranks' calls side by side (op, numel, dtype, call site, library site, sequence number) and the
+few calls before the divergence, which all ranks agreed on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from repro.collectives.align import Divergence
+from repro.collectives.events import CallRecord
+
+_WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+
+
+def _count(n: int, noun: str) -> str:
+    word = _WORDS.get(n, str(n))
+    return f"{word} extra {noun}" if n == 1 else f"{word} extra calls"
+
+
+def _where(c: CallRecord | None) -> str:
+    if c is None:
+        return "(none recorded)"
+    lib = f" [library: {c.lib_site}]" if c.lib_site else ""
+    return f"{c.short()} at {c.site}{lib}"
+
+
+def headline(d: Divergence) -> str:
+    """The one-sentence finding."""
+    grp = f"group {d.group} (global ranks {list(d.ranks)})"
+    a = d.call_a
+    if d.kind == "mismatch":
+        b = d.call_b
+        fields = ", ".join(d.differing) or "fingerprint"
+        if a.group == b.group:
+            return (
+                f"Collective mismatch on {grp} at call #{a.group_seq}: rank {d.rank_a} issued {a.short()} "
+                f"while rank {d.rank_b} issued {b.short()} (they differ in {fields})"
+            )
+        return (
+            f"Crossed collectives: rank {d.rank_a} issued {a.short()} (call #{a.group_seq} on group {a.group}) "
+            f"while rank {d.rank_b} issued {b.short()} (call #{b.group_seq} on group {b.group}); "
+            f"each waits for the other (they differ in {fields})"
+        )
+    if d.kind == "extra":
+        names = sorted({c.op for c in d.extra_calls})
+        noun = names[0] if len(names) == 1 else "/".join(names)
+        return (
+            f"Rank {d.rank_a} issued {_count(len(d.extra_calls), noun)} on {grp} that rank {d.rank_b} "
+            f"did not (rank {d.rank_a}'s call #{a.group_seq}); the ranks agree again after it"
+        )
+    if d.kind == "stopped":
+        last = d.last_b
+        state = ""
+        if last is not None:
+            state = "; that call never returned" if last.t_end is None else ""
+        return (
+            f"Rank {d.rank_b} never issued {a.op} (rank {d.rank_a}'s call #{a.group_seq} on {grp}); "
+            f"rank {d.rank_b}'s record ends with {last.op + ' #' + str(last.group_seq) if last else 'no call'}{state}"
+        )
+    if d.kind == "timeout":
+        who = ", ".join(str(r) for r in (d.missing_ranks or [d.rank_b]))
+        last = d.last_b
+        return (
+            f"Rank {who} did not reach {a.op} (call #{a.group_seq} on {grp}) that rank {d.rank_a} is waiting in; "
+            f"rank {d.rank_b}'s last checked call: {last.op + ' #' + str(last.group_seq) + ' on group ' + last.group if last else 'none'}"
+        )
+    raise AssertionError(f"unknown divergence kind {d.kind}")
+
+
+def _row(label: str, left: str, right: str, width: int) -> str:
+    return f"  {label:<9} {left:<{width}}  {right}"
+
+
+def format_divergence(d: Divergence) -> str:
+    """The full human report."""
+    lines = [headline(d), f"  (found by: {d.source})", ""]
+    left = d.call_a
+    right = d.call_b if d.kind == "mismatch" else d.last_b
+    right_title = f"rank {d.rank_b}" + ("" if d.kind == "mismatch" else " (last recorded call)")
+    if d.kind == "extra":
+        right_title = f"rank {d.rank_b} (no matching call)"
+    cols = [
+        ("op", lambda c: c.op),
+        ("numel", lambda c: str(c.numel)),
+        ("dtype", lambda c: c.dtype),
+        ("reduce", lambda c: c.redop or "-"),
+        ("root", lambda c: "-" if c.root is None else str(c.root)),
+        ("seq", lambda c: f"#{c.group_seq} on group {c.group}" if c.group_seq is not None else f"p2p peer {c.peer}"),
+        ("site", lambda c: c.site),
+        ("library", lambda c: c.lib_site or "-"),
+        ("returned", lambda c: "yes" if c.t_end is not None else "no / unknown"),
+    ]
+    values_left = [f(left) if left else "-" for _, f in cols]
+    width = max(len(f"rank {d.rank_a}"), *(len(v) for v in values_left))
+    lines.append(_row("", f"rank {d.rank_a}", right_title, width))
+    for (label, f), lv in zip(cols, values_left):
+        mark = "*" if d.kind == "mismatch" and label in d.differing else " "
+        lines.append(_row(label + mark, lv, f(right) if right else "-", width))
+    if len(d.extra_calls) > 1:
+        lines.append("")
+        lines.append(f"  all extra calls on rank {d.rank_a}:")
+        lines.extend(f"    #{c.group_seq} {_where(c)}" for c in d.extra_calls)
+    if d.before:
+        lines.append("")
+        lines.append("  calls before it (equal on the ranks):")
+        for ca, _ in d.before:
+            lines.append(f"    #{ca.group_seq} {_where(ca)}")
+    return "\n".join(lines)
+
+
+def _call_json(c: CallRecord | None) -> dict[str, Any] | None:
+    return None if c is None else c.to_json()
+
+
+def divergence_to_json(d: Divergence) -> dict[str, Any]:
+    """Machine-readable form of a divergence (stable keys)."""
+    return {
+        "kind": d.kind,
+        "summary": headline(d),
+        "group": d.group,
+        "ranks": list(d.ranks),
+        "rank_a": d.rank_a,
+        "rank_b": d.rank_b,
+        "call_a": _call_json(d.call_a),
+        "call_b": _call_json(d.call_b),
+        "differing": d.differing,
+        "extra_calls": [c.to_json() for c in d.extra_calls],
+        "last_b": _call_json(d.last_b),
+        "missing_ranks": d.missing_ranks,
+        "before": [[ca.to_json(), _call_json(cb)] for ca, cb in d.before],
+        "source": d.source,
+    }
+
+
+def divergence_from_json(d: dict[str, Any]) -> Divergence:
+    """Inverse of :func:`divergence_to_json` (used for check failures read back from trace files)."""
+    def call(x: dict[str, Any] | None) -> CallRecord | None:
+        return None if x is None else CallRecord.from_json(x)
+
+    return Divergence(
+        kind=d["kind"], group=d["group"], ranks=tuple(d["ranks"]), rank_a=d["rank_a"], rank_b=d["rank_b"],
+        call_a=call(d["call_a"]), call_b=call(d["call_b"]), differing=list(d["differing"]),
+        extra_calls=[CallRecord.from_json(x) for x in d["extra_calls"]], last_b=call(d["last_b"]),
+        missing_ranks=list(d["missing_ranks"]), before=[(call(a), call(b)) for a, b in d["before"]],
+        source=d["source"],
+    )

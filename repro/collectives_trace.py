@@ -1,0 +1,229 @@
+"""Collective trace: record, live-check, analyse and export the collectives of any torch.distributed job.
+
+From code::
+
+    with trace_collectives("trace/", check="every", timeout_s=30):
+        train()
+
+Inside any launcher (torchrun, Ray workers): set ``REPRO_COLLECTIVES_TRACE=<dir>`` (and optionally
+``REPRO_COLLECTIVES_CHECK=every|sample:N|off``, ``REPRO_COLLECTIVES_TIMEOUT_S``) and call
+:func:`install_from_env` early (``repro.distributed.init_distributed`` does), or start the script
+through ``python -m repro.collectives_trace run SCRIPT``. From the shell::
+
+    python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- script.py ARGS
+    python -m repro.collectives_trace analyze DIR [--json]
+    python -m repro.collectives_trace export DIR --chrome trace.json
+
+``analyze`` reads our per-rank files (``rank*.jsonl``) or PyTorch Flight Recorder dumps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import runpy
+import sys
+from collections.abc import Iterator
+
+from repro.collectives import record
+from repro.collectives.align import Divergence, first_divergence
+from repro.collectives.check import CHECK_CHOICES, Checker, CheckMode, CollectiveMismatchError
+from repro.collectives.events import RankTrace, read_trace_dir
+from repro.collectives.flight_recorder import read_dump_dir
+from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
+
+__all__ = [
+    "CollectiveMismatchError",
+    "Divergence",
+    "analyze",
+    "install_from_env",
+    "load_traces",
+    "trace_collectives",
+]
+
+ENV_DIR = "REPRO_COLLECTIVES_TRACE"
+ENV_CHECK = "REPRO_COLLECTIVES_CHECK"
+ENV_TIMEOUT = "REPRO_COLLECTIVES_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 300.0
+_sessions = 0
+
+
+def start(out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S) -> record.Tracer:
+    """Begin tracing in this process (see :func:`trace_collectives`); :func:`stop` ends it."""
+    global _sessions
+    mode = CheckMode.parse(check)
+    # Ranks must agree on the session name (it prefixes the store keys): count sessions per process.
+    _sessions += 1
+    session = str(_sessions)
+    checker = Checker(mode, timeout_s, session) if mode.every else None
+    tracer = record.Tracer(out_dir, checker=checker, session=session)
+    record.install(tracer)
+    return tracer
+
+
+def stop() -> None:
+    record.uninstall()
+
+
+@contextlib.contextmanager
+def trace_collectives(
+    out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> Iterator[record.Tracer]:
+    """Trace every collective of this process into ``out_dir/rank{R}.jsonl`` while the block runs.
+
+    ``check``: ``off`` (record only), ``every`` or ``sample:N``: compare the call across the
+    group's ranks before it runs and raise :class:`CollectiveMismatchError` on a difference or
+    when a peer does not arrive within ``timeout_s``. All ranks must enter the block in the
+    same order.
+    """
+    tracer = start(out_dir, check, timeout_s)
+    try:
+        yield tracer
+    finally:
+        stop()
+
+
+def install_from_env() -> record.Tracer | None:
+    """Start tracing when ``REPRO_COLLECTIVES_TRACE`` is set; no-op otherwise or when already on."""
+    out = os.environ.get(ENV_DIR)
+    if not out:
+        return None
+    if record.active() is not None:
+        record.patch_deepspeed_backend()
+        return record.active()
+    raw_timeout = os.environ.get(ENV_TIMEOUT, str(DEFAULT_TIMEOUT_S))
+    try:
+        timeout_s = float(raw_timeout)
+    except ValueError:
+        raise ValueError(f"{ENV_TIMEOUT}={raw_timeout!r} is not a number of seconds") from None
+    CheckMode.parse(os.environ.get(ENV_CHECK, "off"), source=ENV_CHECK)
+    return start(out, os.environ.get(ENV_CHECK, "off"), timeout_s)
+
+
+def load_traces(directory: str | os.PathLike) -> dict[int, RankTrace]:
+    """Per-rank traces from ``rank*.jsonl`` files, or else from Flight Recorder dumps."""
+    path = pathlib.Path(directory)
+    if not path.is_dir():
+        raise ValueError(f"trace directory {str(path)!r} does not exist")
+    traces = read_trace_dir(path)
+    if not traces:
+        traces = read_dump_dir(path)
+    if not traces:
+        raise ValueError(f"{path}: no rank*.jsonl trace files and no Flight Recorder dumps found")
+    return traces
+
+
+def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Divergence | None]:
+    """The traces of a directory and their first divergence.
+
+    A failure the live check recorded wins (it saw both ranks' calls before they ran);
+    otherwise the per-rank sequences are aligned.
+    """
+    traces = load_traces(directory)
+    for t in sorted(traces.values(), key=lambda t: t.rank):
+        if t.check_failures:
+            return traces, divergence_from_json(t.check_failures[0]["report"])
+    return traces, first_divergence(traces)
+
+
+def _summary(traces: dict[int, RankTrace]) -> str:
+    parts = [f"rank {r}: {len(t.calls)} calls" for r, t in sorted(traces.items())]
+    return "; ".join(parts)
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    traces, div = analyze(args.dir)
+    if args.json:
+        print(json.dumps({"ranks": {r: len(t.calls) for r, t in traces.items()},
+                          "divergence": divergence_to_json(div) if div else None}, indent=2))
+    else:
+        print(_summary(traces))
+        print(format_divergence(div) if div else "No divergence: every group's ranks issued the same collectives.")
+    return 1 if div else 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from repro.collectives.chrome import write_chrome_trace
+
+    traces, div = analyze(args.dir)
+    write_chrome_trace(traces, div, pathlib.Path(args.chrome))
+    print(f"wrote {args.chrome} ({_summary(traces)}; divergence: {'marked' if div else 'none'})")
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from repro.collectives.launch import launch
+
+    CheckMode.parse(args.check, source="--check")
+    rest = list(args.script)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest:
+        raise ValueError("launch needs a SCRIPT after '--'")
+    out = pathlib.Path(args.out)
+    codes = launch(rest[0], rest[1:], args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s)
+    traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
+    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    if div is not None:
+        print(format_divergence(div))
+    if failed:
+        print("ranks that failed: " + ", ".join(f"rank {r} ({_exit(c)})" for r, c in failed.items()) + f"; logs in {out}")
+    elif div is None:
+        print(f"all {len(codes)} ranks exited 0; no divergence ({_summary(traces)})")
+    return 1 if (failed or div is not None) else 0
+
+
+def _exit(code: int) -> str:
+    if code < 0:
+        import signal
+
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    install_from_env()
+    sys.argv = [args.script, *args.args]
+    runpy.run_path(args.script, run_name="__main__")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m repro.collectives_trace", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    la = sub.add_parser("launch", help="run SCRIPT on N local ranks with tracing; report on divergence")
+    la.add_argument("--nproc-per-node", type=int, required=True)
+    la.add_argument("--check", default="every", help=f"check mode: {CHECK_CHOICES} (default every)")
+    la.add_argument("--out", required=True, help="trace directory")
+    la.add_argument("--timeout-s", type=float, default=60.0, help="check mode: seconds to wait for a peer")
+    la.add_argument("--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed")
+    la.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
+    an = sub.add_parser("analyze", help="report the first divergence of a trace directory")
+    an.add_argument("dir")
+    an.add_argument("--json", action="store_true", help="print JSON instead of text")
+    ex = sub.add_parser("export", help="write a Chrome/Perfetto trace with the divergence marked")
+    ex.add_argument("dir")
+    ex.add_argument("--chrome", required=True, help="output .json file")
+    ru = sub.add_parser("run", help="run SCRIPT in this process with tracing from the environment (for torchrun)")
+    ru.add_argument("script")
+    ru.add_argument("args", nargs=argparse.REMAINDER)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "run":
+        return _cmd_run(args)  # the script's own exceptions must surface unchanged
+    handler = {"launch": _cmd_launch, "analyze": _cmd_analyze, "export": _cmd_export}[args.cmd]
+    try:
+        return handler(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

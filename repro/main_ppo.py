@@ -1,0 +1,103 @@
+"""Entry point: ``python -m repro.main_ppo -cn ppo_trainer key=value ...`` (verl's command line).
+
+The config is built by :func:`repro.config_loader.load_config` (Hydra compose; no ``@hydra.main``
+side effects). With ``trainer.dry_run=true`` nothing starts: the effective plan is printed and
+the last line of stdout is one JSON object (DeepSpeed config per role, batch split, env knobs,
+warnings). Otherwise :func:`repro.trainer.run` runs the job. A bad config exits with status 2
+and a one-paragraph message naming the keys, without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Optional
+
+USAGE = """usage: python -m repro.main_ppo [-cn ppo_trainer | --config-name ppo_trainer] [key=value ...]
+
+Overrides use verl's key names (Hydra syntax), e.g.
+  actor@actor_rollout_ref.actor=ds_actor critic=ds_critic actor_rollout_ref.actor.deepspeed.zero_stage=3
+Add trainer.dry_run=true to validate and print the effective plan (last stdout line: JSON) without running."""
+
+_IGNORED_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir")
+
+
+def parse_argv(argv: Sequence[str]) -> tuple[str, list[str], list[str]]:
+    """(config name, overrides, notes) from the command line; ``ValueError`` for what we do not take."""
+    config_name = "ppo_trainer"
+    overrides: list[str] = []
+    notes: list[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        flag, eq, inline = arg.partition("=") if arg.startswith("-") else (arg, "", "")
+        if flag in ("-cn", "--config-name") + _IGNORED_FLAGS:
+            if eq:
+                value = inline
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                raise ValueError(f"{flag} needs a value")
+            if flag in ("-cn", "--config-name"):
+                config_name = value
+            else:
+                notes.append(f"{flag} {value}: ignored; the configs are built into repro (ConfigStore)")
+        elif arg.startswith("-"):
+            raise ValueError(f"unknown option {arg!r}; only -cn/--config-name and key=value overrides are accepted")
+        else:
+            overrides.append(arg)
+        i += 1
+    return config_name, overrides, notes
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    from repro.config_loader import ConfigWarning, load_config
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            config_name, overrides, notes = parse_argv(argv)
+            cfg = load_config(overrides, config_name=config_name)
+            plan = None
+            if cfg.trainer.dry_run:
+                from repro.plan import effective_plan
+
+                plan = effective_plan(cfg)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    notes += [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+    for w in caught:
+        if not issubclass(w.category, ConfigWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
+
+    if plan is not None:
+        from repro.plan import plan_summary
+
+        plan["warnings"] = notes + plan["warnings"]
+        print(f"repro dry run of {config_name!r}: nothing is started")
+        for line in plan_summary(plan):
+            print(line)
+        print(json.dumps(plan, sort_keys=True))
+        return 0
+
+    from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+
+    out_dir = trainer.run(cfg)
+    print(f"output: {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

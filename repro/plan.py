@@ -1,0 +1,124 @@
+"""The effective plan of a run: what each role gets (DeepSpeed JSON, batch split, env knobs).
+
+``python -m repro.main_ppo ... trainer.dry_run=true`` prints :func:`effective_plan`; the
+workers build their engines from :func:`role_ds_config`, so the dry run shows exactly the
+DeepSpeed config each role would get.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from repro.batching import RoleBatchPlan, plan_role_batch
+from repro.config import (
+    ENV_FP32_ACCUM,
+    ENV_PARAM_OFFLOAD,
+    ENV_STEP_EACH_MICRO,
+    DeepSpeedConfig,
+    RunConfig,
+    critic_enabled,
+    ref_policy_used,
+)
+
+ROLES = ("actor", "critic", "ref")
+# env knob -> the DeepSpeedConfig field it fills.
+ENV_KNOB_FIELDS = {ENV_PARAM_OFFLOAD: "param_offload", ENV_FP32_ACCUM: "fp32_grad_accum",
+                   ENV_STEP_EACH_MICRO: "step_each_micro"}
+
+
+def resolve_on_cuda(cfg: RunConfig) -> bool:
+    """trainer.device: cuda, cpu, or auto (CUDA when torch sees a GPU)."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def role_enabled(cfg: RunConfig, role: str) -> bool:
+    """actor always; critic per :func:`critic_enabled`; ref with a KL loss or an in-reward KL."""
+    if role not in ROLES:
+        raise ValueError(f"role={role!r} is not valid; choose one of {list(ROLES)}")
+    return role == "actor" or (role == "critic" and critic_enabled(cfg)) or (role == "ref" and ref_policy_used(cfg))
+
+
+def role_deepspeed_section(cfg: RunConfig, role: str) -> DeepSpeedConfig:
+    arr = cfg.actor_rollout_ref
+    return {"actor": arr.actor.deepspeed, "critic": cfg.critic.deepspeed_config, "ref": arr.ref.deepspeed}[role]
+
+
+def role_batch_plan(cfg: RunConfig, role: str) -> RoleBatchPlan:
+    """The reference policy runs forward only on the actor's shards, so it takes the actor's plan."""
+    return plan_role_batch(cfg, "critic" if role == "critic" else "actor")
+
+
+def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> Optional[dict[str, Any]]:
+    """The DeepSpeed JSON of ``role`` ("actor", "critic", "ref"), None when the role is not used."""
+    from repro.ds_config import build_ds_config
+
+    if not role_enabled(cfg, role):
+        return None
+    plan = role_batch_plan(cfg, role)
+    ds = role_deepspeed_section(cfg, role)
+    if role == "critic":
+        return build_ds_config(ds, cfg.critic.optim, plan, grad_clip=cfg.critic.grad_clip, on_cuda=on_cuda)
+    actor = cfg.actor_rollout_ref.actor
+    if role == "actor":
+        return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda)
+    return build_ds_config(ds, actor.optim, plan, grad_clip=0.0, on_cuda=on_cuda, trainable=False)
+
+
+def effective_plan(cfg: RunConfig, *, on_cuda: Optional[bool] = None) -> dict[str, Any]:
+    """Everything a run would use, as JSON-ready data (``warnings`` holds the plan's own notes)."""
+    from repro.ds_config import resolve_offload
+
+    on_cuda = resolve_on_cuda(cfg) if on_cuda is None else on_cuda
+    out: dict[str, Any] = {"device": "cuda" if on_cuda else "cpu", "batch": {}, "warnings": []}
+    for role in ROLES:
+        if not role_enabled(cfg, role):
+            out[role] = {"enabled": False, "deepspeed": None}
+            if role != "ref":
+                out["batch"][role] = None
+            continue
+        ds = role_deepspeed_section(cfg, role)
+        offload = resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir)
+        if offload.note:
+            out["warnings"].append(f"{role}: {offload.note}")
+        out[role] = {
+            "enabled": True,
+            "deepspeed": role_ds_config(cfg, role, on_cuda=on_cuda),
+            "offload": dataclasses.asdict(offload),
+            "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOB_FIELDS.items()},
+        }
+        if role != "ref":
+            out["batch"][role] = dataclasses.asdict(role_batch_plan(cfg, role))
+    actor_ds = role_deepspeed_section(cfg, "actor")
+    out["env_knobs"] = {knob: getattr(actor_ds, name) for knob, name in ENV_KNOB_FIELDS.items()}
+    config = dataclasses.asdict(cfg)
+    config.pop("defaults", None)
+    out["config"] = config
+    return out
+
+
+def plan_summary(plan: dict[str, Any]) -> list[str]:
+    """Human-readable lines of :func:`effective_plan` (printed before the JSON line)."""
+    lines = [f"device: {plan['device']}"]
+    for role in ROLES:
+        section = plan[role]
+        if not section["enabled"]:
+            lines.append(f"{role}: not used")
+            continue
+        zero = section["deepspeed"]["zero_optimization"]
+        off = section["offload"]
+        dtype = "bf16" if section["deepspeed"]["bf16"]["enabled"] else "fp32"
+        text = (f"{role}: ZeRO-{zero['stage']}, offload optimizer={off['optimizer']} param={off['param']}, "
+                f"{dtype}")
+        batch = plan["batch"].get(role)
+        if batch:
+            text += (f"; world={batch['world']} dp={batch['dp']} sp={batch['sp']} per-rank mini={batch['per_rank_mini']}"
+                     f" micro={batch['micro']} GAS={batch['gas']} DeepSpeed train_batch_size={batch['train_batch_size']}"
+                     f" mini-batches/step={batch['num_mini_batches']}" + (" (dynamic)" if batch["dynamic"] else ""))
+        lines.append(text)
+    lines.append("env knobs: " + " ".join(f"{k}={int(v)}" for k, v in plan["env_knobs"].items()))
+    return lines

@@ -1,0 +1,115 @@
+"""Driver-side batch operations of the RL loop: sharding, rewards, the KL controller, batch metrics.
+
+A batch is a dict of tensors whose first dimension is the sample (verl's padded layout, see
+interfaces.md). The driver splits it into contiguous per-rank shards, gathers the workers'
+results back in rank order, scores the decoded responses with the data source's rule reward
+and places each score on the response's last real token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from repro.metrics import masked_stats
+
+Batch = dict[str, torch.Tensor]
+
+
+def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[Batch]:
+    """``parts`` contiguous shards of equal size (the batch plan guarantees divisibility)."""
+    size = next(iter(batch.values())).shape[0]
+    if size % parts:
+        raise ValueError(f"batch of {size} samples cannot be split evenly across {parts} ranks")
+    step = size // parts
+    return [{k: v[i * step:(i + 1) * step] for k, v in batch.items()} for i in range(parts)]
+
+
+def split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
+    """Contiguous, nearly equal shards (the first ones one longer when it does not divide)."""
+    q, r = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + q + (1 if i < r else 0)
+        out.append(list(items[start:end]))
+        start = end
+    return out
+
+
+def concat_batches(shards: Sequence[Mapping[str, torch.Tensor]]) -> Batch:
+    """Concatenate per-rank results in rank order."""
+    keys = shards[0].keys()
+    for s in shards:
+        if s.keys() != keys:
+            raise ValueError(f"ranks returned different keys: {sorted(keys)} vs {sorted(s.keys())}")
+    return {k: torch.cat([s[k] for s in shards], dim=0) for k in keys}
+
+
+def decode_responses(tokenizer: Any, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """Text of each response's real tokens (special tokens such as EOS dropped)."""
+    lengths = response_mask.sum(dim=1).tolist()
+    seqs = [row[: int(n)].tolist() for row, n in zip(responses, lengths)]
+    return tokenizer.batch_decode(seqs, skip_special_tokens=True)
+
+
+def score_responses(
+    texts: Sequence[str],
+    data_sources: Sequence[str],
+    ground_truths: Sequence[str],
+    get_reward_fn: Callable[[str], Callable[..., float]],
+    reward_kwargs: Mapping[str, Any],
+) -> torch.Tensor:
+    """One float score per response from its data source's reward function."""
+    scores = [float(get_reward_fn(src)(text, gt, **reward_kwargs))
+              for text, src, gt in zip(texts, data_sources, ground_truths)]
+    return torch.tensor(scores, dtype=torch.float32)
+
+
+def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, R]`` zeros with each sequence score on its last real response token."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(dim=1) - 1).clamp(min=0).long()
+    out[torch.arange(len(scores)), last] = scores
+    return out
+
+
+class KLController:
+    """The in-reward KL coefficient: fixed, or adapted towards ``target_kl`` (proportional control)."""
+
+    def __init__(self, kind: str, init_coef: float, target_kl: float, horizon: int) -> None:
+        self.kind, self.value, self.target, self.horizon = kind, float(init_coef), target_kl, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.kind != "adaptive":
+            return
+        # Error clipped to +-20% so one noisy batch cannot swing the coefficient.
+        error = max(-0.2, min(0.2, current_kl / self.target - 1.0))
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state(self) -> dict[str, float]:
+        return {"kl_coef": self.value}
+
+    def load(self, state: Mapping[str, float]) -> None:
+        self.value = float(state.get("kl_coef", self.value))
+
+
+def batch_metrics(batch: Mapping[str, torch.Tensor], scores: torch.Tensor, use_critic: bool) -> dict[str, float]:
+    """verl's data metrics: scores, rewards, advantages, returns, values, lengths."""
+    mask = batch["response_mask"]
+    seq_rewards = batch["token_level_rewards"].sum(dim=1)
+    out: dict[str, float] = {}
+    out.update(masked_stats("critic/score", scores))
+    out.update(masked_stats("critic/rewards", seq_rewards))
+    out.update(masked_stats("critic/advantages", batch["advantages"], mask))
+    out.update(masked_stats("critic/returns", batch["returns"], mask))
+    if use_critic:
+        out.update(masked_stats("critic/values", batch["values"], mask))
+    resp_len = mask.sum(dim=1).float()
+    max_len = mask.shape[1]
+    out.update(masked_stats("response_length", resp_len))
+    out["response_length/clip_ratio"] = (resp_len == max_len).float().mean().item()
+    prompt_len = (batch["attention_mask"].sum(dim=1) - mask.sum(dim=1)).float()
+    out.update(masked_stats("prompt_length", prompt_len))
+    return out

@@ -1,0 +1,1 @@
+"""Reproducible bug scenarios: small, real multi-rank programs that show a known failure."""

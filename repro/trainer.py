@@ -1,0 +1,323 @@
+"""The single-controller PPO / GRPO loop (DESIGN.md, "Data flow of one RL step").
+
+The driver owns the data, the rewards, the advantages and the bookkeeping; the ranks (one
+``HybridWorker`` each, hosted by ``repro.cluster.WorkerGroup``) own the models. One step:
+
+    prompts -> rollout (synced weights) -> rewards (driver) -> old log-probs -> ref log-probs
+    (if KL) -> values (PPO) -> advantages (driver) -> update critic -> update actor
+    -> metrics row -> checkpoint at save_freq -> validation at test_freq
+
+Reproducibility: the prompts of step ``s`` are a pure function of (``data.seed``, ``s``), and
+each rank samples with a seed derived from (``trainer.seed``, ``s``, rank), so a run resumed from
+a checkpoint at step ``k`` computes the same steps ``k+1 ...`` as the run that never stopped.
+``run(cfg)`` returns the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro import algorithms
+from repro.cluster import WorkerGroup, shutdown_ray
+from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.metrics import (
+    MetricsLog,
+    StepReporter,
+    log,
+    masked_stats,
+    plot_curves,
+    reduce_rank_metrics,
+    summarize,
+    timer,
+    write_summary,
+)
+from repro.rl_batch import (
+    KLController,
+    batch_metrics,
+    concat_batches,
+    decode_responses,
+    score_responses,
+    split_batch,
+    split_list,
+    token_level_scores,
+)
+from repro.run_setup import (
+    LATEST,
+    STEP_DIR,
+    RunPaths,
+    choose_run_paths,
+    resolve_builtin_assets,
+    setup_logging,
+    write_config_yaml,
+    write_run_state,
+)
+from repro.workers.hybrid import HybridWorker
+
+# What each worker call needs from the batch (the rest stays on the driver).
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "response_mask")
+_ACTOR_KEYS = _FORWARD_KEYS + ("old_log_probs", "advantages", "ref_log_prob")
+_CRITIC_KEYS = _FORWARD_KEYS + ("values", "returns")
+TRAINER_STATE = "trainer_state.json"
+
+
+def _pick(batch: dict[str, torch.Tensor], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    return {k: batch[k] for k in keys if k in batch}
+
+
+class PPOTrainer:
+    """Drives one run: builds the worker group, loops over steps, writes the run directory."""
+
+    def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
+        from transformers import AutoTokenizer
+
+        from repro.data.prompts import PromptDataset
+        from repro.rewards import get_reward_fn
+
+        self.cfg, self.paths = cfg, paths
+        self.get_reward_fn = get_reward_fn
+        model = cfg.actor_rollout_ref.model
+        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path)
+        self.train_ds = PromptDataset(cfg.data.train_files, self.tokenizer, cfg.data)
+        self.val_ds = PromptDataset(cfg.data.val_files, self.tokenizer, cfg.data)
+        self.batch_size = cfg.data.train_batch_size
+        self.steps_per_epoch = len(self.train_ds) // self.batch_size
+        if self.steps_per_epoch < 1:
+            raise ValueError(
+                f"data.train_batch_size={self.batch_size} is larger than the {len(self.train_ds)} prompts "
+                f"of data.train_files={cfg.data.train_files}"
+            )
+        t = cfg.trainer
+        self.total_steps = t.total_training_steps or self.steps_per_epoch * t.total_epochs
+        self.use_critic = critic_enabled(cfg)
+        self.use_ref = ref_policy_used(cfg)
+        kl = cfg.algorithm.kl_ctrl
+        self.kl_ctrl = KLController(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
+        self.n = cfg.actor_rollout_ref.rollout.n
+        self.group: WorkerGroup | None = None
+
+    # ---- data --------------------------------------------------------------------------------
+    def step_indices(self, step: int) -> list[int]:
+        """Prompt indices of ``step`` (1-based): epoch-wise permutation seeded by (data.seed, epoch)."""
+        epoch, k = divmod(step - 1, self.steps_per_epoch)
+        n = len(self.train_ds)
+        if self.cfg.data.shuffle:
+            gen = torch.Generator().manual_seed(self.cfg.data.seed * 1_000_003 + epoch)
+            order = torch.randperm(n, generator=gen).tolist()
+        else:
+            order = list(range(n))
+        return order[k * self.batch_size:(k + 1) * self.batch_size]
+
+    # ---- one RL step --------------------------------------------------------------------------
+    def _rollout(self, items: list[dict[str, Any]], n: int, step: int, purpose: str,
+                 **gen_kwargs: Any) -> dict[str, torch.Tensor]:
+        assert self.group is not None
+        ids = [it["input_ids"] for it in items]
+        pad_to = max(len(p) for p in ids)
+        shards = split_list(ids, self.group.world)
+        outs = self.group.execute_all("generate", shards, n=n, seed=self.cfg.trainer.seed, step=step,
+                                      purpose=purpose, prompt_pad_to=pad_to, **gen_kwargs)
+        return concat_batches([o for o in outs if o["input_ids"].shape[0]])
+
+    def _score(self, items: list[dict[str, Any]], batch: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+        texts = decode_responses(self.tokenizer, batch["responses"], batch["response_mask"])
+        sources = [it["data_source"] for it in items for _ in range(n)]
+        truths = [it["ground_truth"] for it in items for _ in range(n)]
+        return score_responses(texts, sources, truths, self.get_reward_fn, self.cfg.reward.reward_kwargs)
+
+    def _fan(self, method: str, batch: dict[str, torch.Tensor], keys: tuple[str, ...]) -> list[Any]:
+        assert self.group is not None
+        return self.group.execute_all(method, split_batch(_pick(batch, keys), self.group.world))
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        assert self.group is not None
+        cfg, world = self.cfg, self.group.world
+        timings: dict[str, float] = {}
+        row: dict[str, Any] = {}
+        with timer("step", timings):
+            items = [self.train_ds[i] for i in self.step_indices(step)]
+            with timer("update_weights", timings):
+                self.group.execute_all_same("sync_weights", step)
+            with timer("gen", timings):
+                batch = self._rollout(items, self.n, step, "train")
+            with timer("reward", timings):
+                scores = self._score(items, batch, self.n)
+                batch["token_level_scores"] = token_level_scores(scores, batch["response_mask"])
+            mask = batch["response_mask"]
+            with timer("old_log_prob", timings):
+                outs = self._fan("compute_log_prob", batch, _FORWARD_KEYS)
+                batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
+                if all("entropy" in o for o in outs):
+                    row["actor/entropy"] = algorithms.masked_mean(torch.cat([o["entropy"] for o in outs]), mask).item()
+            if self.use_ref:
+                with timer("ref", timings):
+                    outs = self._fan("compute_ref_log_prob", batch, _FORWARD_KEYS)
+                    batch["ref_log_prob"] = torch.cat([o["log_probs"] for o in outs])
+            if self.use_critic:
+                with timer("values", timings):
+                    outs = self._fan("compute_values", batch, _FORWARD_KEYS)
+                    batch["values"] = torch.cat([o["values"] for o in outs])
+            with timer("adv", timings):
+                row.update(self._rewards_and_advantages(batch, step))
+            if self.use_critic:
+                with timer("update_critic", timings):
+                    row.update(reduce_rank_metrics(self._fan("update_critic", batch, _CRITIC_KEYS)))
+            if step > cfg.trainer.critic_warmup:
+                with timer("update_actor", timings):
+                    row.update(reduce_rank_metrics(self._fan("update_actor", batch, _ACTOR_KEYS)))
+        row.update(batch_metrics(batch, scores, self.use_critic))
+        row.update(timings)
+        tokens = int(batch["attention_mask"].sum().item())
+        row["perf/total_num_tokens"] = tokens
+        row["perf/time_per_step"] = timings["timing_s/step"]
+        row["perf/throughput"] = tokens / (timings["timing_s/step"] * world)
+        row["training/global_step"] = step
+        row["training/epoch"] = (step - 1) // self.steps_per_epoch
+        return row
+
+    def _rewards_and_advantages(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+        cfg, algo = self.cfg, self.cfg.algorithm
+        mask = batch["response_mask"]
+        out: dict[str, float] = {}
+        rewards = batch["token_level_scores"]
+        if algo.use_kl_in_reward:
+            kld = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty) * mask
+            rewards = rewards - self.kl_ctrl.value * kld
+            current_kl = algorithms.masked_mean(kld, mask, dim=-1).mean().item()
+            out["actor/reward_kl_penalty"] = current_kl
+            out["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+            self.kl_ctrl.update(current_kl, n_steps=cfg.data.train_batch_size)
+        batch["token_level_rewards"] = rewards
+        if algo.adv_estimator == "grpo":
+            index = torch.arange(rewards.shape[0]) // self.n
+            adv, ret = algorithms.compute_grpo_outcome_advantage(rewards, mask, index, algo.norm_adv_by_std_in_grpo)
+        else:
+            adv, ret = algorithms.compute_gae_advantage_return(rewards, batch["values"], mask, algo.gamma, algo.lam)
+        batch["advantages"], batch["returns"] = adv, ret
+        return out
+
+    # ---- validation ---------------------------------------------------------------------------
+    def validate(self, step: int) -> dict[str, float]:
+        vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        items = [self.val_ds[i] for i in range(len(self.val_ds))]
+        batch = self._rollout(items, vk.n, step, "val", temperature=vk.temperature, top_p=vk.top_p,
+                              top_k=vk.top_k, do_sample=vk.do_sample)
+        scores = self._score(items, batch, vk.n)
+        out = {"val/score/mean": scores.mean().item()}
+        sources = [it["data_source"] for it in items for _ in range(vk.n)]
+        for src in sorted(set(sources)):
+            sel = torch.tensor([s == src for s in sources])
+            out[f"val-core/{src}/reward/mean@{vk.n}"] = scores[sel].mean().item()
+        out.update(masked_stats("val/response_length", batch["response_mask"].sum(dim=1).float()))
+        return out
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        assert self.group is not None
+        ckpt = self.paths.ckpt_dir
+        step_dir = ckpt / STEP_DIR.format(step)
+        state = {"step": step, "kl_ctrl": self.kl_ctrl.state()}
+        self.group.execute_all_same("save_checkpoint", str(step_dir), step, state)
+        (step_dir / TRAINER_STATE).write_text(json.dumps(state, indent=1) + "\n")
+        # The marker goes last: a kill during the save leaves the previous checkpoint as latest.
+        tmp = ckpt / f".{LATEST}.tmp"
+        tmp.write_text(f"{step}\n")
+        os.replace(tmp, ckpt / LATEST)
+        keep = self.cfg.trainer.max_actor_ckpt_to_keep
+        if keep and keep > 0:
+            steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in ckpt.glob("global_step_*") if p.is_dir())
+            for old in steps[:-keep]:
+                shutil.rmtree(ckpt / STEP_DIR.format(old), ignore_errors=True)
+        log.info("checkpoint saved: %s", step_dir)
+
+    def load(self, step_dir: Path) -> int:
+        assert self.group is not None
+        self.group.execute_all_same("load_checkpoint", str(step_dir))
+        state = json.loads((step_dir / TRAINER_STATE).read_text())
+        self.kl_ctrl.load(state.get("kl_ctrl", {}))
+        return int(state["step"])
+
+    # ---- the run ------------------------------------------------------------------------------
+    def fit(self) -> Path:
+        cfg, t, run_dir = self.cfg, self.cfg.trainer, self.paths.run_dir
+        started = time.time()
+        metrics = MetricsLog(run_dir / "metrics.tsv")
+        self.group = WorkerGroup(cfg, HybridWorker, cfg)
+        start = 0
+        if self.paths.resumed_from is not None:
+            start = self.load(self.paths.resumed_from)
+            dropped = metrics.truncate_after(start)
+            log.info("resumed from %s (step %d); %d later metric row(s) dropped to be recomputed",
+                     self.paths.resumed_from, start, dropped)
+        else:
+            metrics.truncate_after(0)
+        write_run_state(run_dir, status="running", total_steps=self.total_steps)
+        log.info("run dir %s: steps %d..%d of %d (%d prompts x %d samples per step)", run_dir, start + 1,
+                 self.total_steps, self.total_steps, self.batch_size, self.n)
+        if t.val_before_train and start == 0 and t.test_freq > 0:
+            val = self.validate(0)
+            log.info("validation before training: score %.4f", val["val/score/mean"])
+        reporter = StepReporter(self.total_steps, start, t.progress)
+        try:
+            for step in range(start + 1, self.total_steps + 1):
+                row = {"step": step, **self.train_step(step)}
+                last = step == self.total_steps
+                if t.test_freq > 0 and (step % t.test_freq == 0 or last):
+                    with timer("testing", row):
+                        row.update(self.validate(step))
+                metrics.append(row)
+                reporter.update(step, self.total_steps, row)
+                if t.save_freq > 0 and (step % t.save_freq == 0 or last):
+                    self.save(step)
+                write_summary(run_dir / "summary.tsv", summarize(metrics.rows))
+                if step % 10 == 0 or last:
+                    plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name)
+        finally:
+            reporter.close()
+            self.group.shutdown()
+        wall = time.time() - started
+        summary = summarize(metrics.rows, wall_s=wall)
+        write_summary(run_dir / "summary.tsv", summary)
+        plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name)
+        write_run_state(run_dir, status="finished", wall_s=round(wall, 2), last_step=self.total_steps)
+        log.info("finished %d step(s) in %.1f s: score %s -> %s (tail-5 mean %s); outputs in %s",
+                 summary["steps"], wall, _f(summary["first_score"]), _f(summary["last_score"]),
+                 _f(summary["avg_score_tail5"]), run_dir)
+        return run_dir
+
+
+def _f(x: Any) -> str:
+    return f"{x:.4f}" if isinstance(x, float) else str(x)
+
+
+def _fill_optimizer_steps(cfg: RunConfig, rl_steps: int) -> None:
+    """Optimizer steps of the LR schedule = RL steps x epochs x mini-batches (unless already set)."""
+    from repro.batching import plan_role_batch
+
+    roles = [("actor", cfg.actor_rollout_ref.actor)] + ([("critic", cfg.critic)] if critic_enabled(cfg) else [])
+    for role, section in roles:
+        if section.optim.total_training_steps <= 0:
+            plan = plan_role_batch(cfg, role)
+            section.optim.total_training_steps = rl_steps * section.ppo_epochs * plan.num_mini_batches
+
+
+def run(cfg: RunConfig) -> Path:
+    """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs)."""
+    cfg = resolve_builtin_assets(cfg)
+    paths = choose_run_paths(cfg)
+    handler = setup_logging(paths.run_dir)
+    try:
+        trainer = PPOTrainer(cfg, paths)
+        _fill_optimizer_steps(cfg, trainer.total_steps)
+        write_config_yaml(cfg, paths.run_dir / "config.yaml")
+        return trainer.fit()
+    finally:
+        log.removeHandler(handler)
+        handler.close()
+        shutdown_ray()

@@ -1,0 +1,117 @@
+"""A rank's batch -> mini-batches -> micro-batches, and the counts every rank must agree on.
+
+Used by the actor and the critic. The per-rank batch holds ``num_mini_batches * per_rank_mini``
+samples; each mini-batch is one optimizer update, cut into fixed-size or token-budget
+micro-batches. Everything that differs between ranks and would change which collectives they
+issue (the number of micro-batches) or the loss normalisation (token and sequence counts of
+the whole mini-batch, over all dp ranks) is agreed with at most two all-reduces per update
+call, issued by every rank before any forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from repro.batching import min_micro_batches, split_micro_batches_by_tokens
+from repro.workers.engine import Batch, all_reduce_counts
+
+
+def select(batch: Batch, index: Sequence[int] | torch.Tensor) -> Batch:
+    """Rows ``index`` of every per-sample tensor of ``batch``."""
+    idx = torch.as_tensor(index, dtype=torch.long)
+    return {k: v.index_select(0, idx.to(v.device)) for k, v in batch.items() if torch.is_tensor(v) and v.dim() > 0}
+
+
+def batch_size(batch: Batch) -> int:
+    """Number of samples (rows of ``responses``, else of ``input_ids``)."""
+    key = "responses" if "responses" in batch else "input_ids"
+    return int(batch[key].shape[0])
+
+
+def seq_lens(batch: Batch) -> list[int]:
+    """Real tokens per sample (the attention mask's row sums): what a token budget counts."""
+    return batch["attention_mask"].sum(dim=-1).tolist()
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer update's share of this rank."""
+
+    micro_batches: list[Batch]
+    global_tokens: float
+    """Response tokens of the whole mini-batch over all dp ranks (token-mean denominator)."""
+    global_seqs: float
+    """Samples of the whole mini-batch over all dp ranks (seq-mean denominator)."""
+    local_tokens: float
+
+
+def plan_mini_batches(
+    batch: Batch,
+    per_rank_mini: int,
+    epochs: int,
+    *,
+    shuffle: bool,
+    seed: int,
+    micro: int | None,
+    max_token_len: int | None,
+) -> list[MiniBatch]:
+    """All mini-batches of an update call (every epoch), with globally agreed counts.
+
+    ``micro`` set: fixed micro-batches of that many samples. ``max_token_len`` set: token-budget
+    micro-batches, as many on every rank as the rank that needs the most.
+    """
+    total = batch_size(batch)
+    if total % per_rank_mini:
+        raise ValueError(
+            f"this rank received {total} samples, not a multiple of its mini-batch of {per_rank_mini} "
+            "(ppo_mini_batch_size * rollout.n / dp)"
+        )
+    orders: list[list[int]] = []
+    for epoch in range(epochs):
+        if shuffle:
+            gen = torch.Generator().manual_seed(seed + epoch)
+            order = torch.randperm(total, generator=gen).tolist()
+        else:
+            order = list(range(total))
+        orders += [order[s:s + per_rank_mini] for s in range(0, total, per_rank_mini)]
+    minis = [select(batch, idx) for idx in orders]
+    mask_key = "response_mask"
+    local = [float(m[mask_key].sum()) for m in minis]
+    counts = all_reduce_counts(local + [float(per_rank_mini)] * len(minis))
+    tokens, seqs = counts[: len(minis)], counts[len(minis):]
+    if max_token_len is not None:
+        need = [float(min_micro_batches(seq_lens(m), max_token_len)) for m in minis]
+        agreed = [int(n) for n in all_reduce_counts(need, op="max")]
+        splits = [split_micro_batches_by_tokens(seq_lens(m), max_token_len, n) for m, n in zip(minis, agreed, strict=True)]
+    else:
+        assert micro is not None and micro > 0
+        splits = [[list(range(s, min(s + micro, per_rank_mini))) for s in range(0, per_rank_mini, micro)] for _ in minis]
+    return [
+        MiniBatch([select(m, idx) for idx in split], tokens[i], seqs[i], local[i])
+        for i, (m, split) in enumerate(zip(minis, splits, strict=True))
+    ]
+
+
+def forward_micro_batches(batch: Batch, micro: int | None, max_token_len: int | None) -> list[list[int]]:
+    """Index lists of the forward-only micro-batches (log-probs, values); equal count on all ranks."""
+    total = batch_size(batch)
+    if max_token_len is not None:
+        lens = seq_lens(batch)
+        n = int(all_reduce_counts([float(min_micro_batches(lens, max_token_len))], op="max")[0])
+        return split_micro_batches_by_tokens(lens, max_token_len, n)
+    size = micro or total
+    return [list(range(s, min(s + size, total))) for s in range(0, total, size)]
+
+
+def mean_stats(stats: list[dict[str, float]], weights: list[float] | None = None) -> dict[str, float]:
+    """Weighted mean of each key over a list of statistic dicts (weights default to 1)."""
+    weights = weights or [1.0] * len(stats)
+    out: dict[str, float] = {}
+    for key in {k for s in stats for k in s}:
+        pairs = [(s[key], w) for s, w in zip(stats, weights, strict=True) if key in s]
+        total = sum(w for _, w in pairs)
+        out[key] = sum(v * w for v, w in pairs) / total if total else 0.0
+    return out

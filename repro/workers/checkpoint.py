@@ -1,0 +1,253 @@
+"""Checkpoints of a trainable role: DeepSpeed's native files plus what an exact resume needs.
+
+Layout under a role's checkpoint root::
+
+    step_12/            a complete checkpoint (renamed from step_12.tmp once every rank wrote)
+      ds/ckpt/...       engine.save_checkpoint (model, optimizer, scheduler; every ZeRO stage)
+      rank0_state.pt    per rank: python/numpy/torch RNG states, worker state, ``extra``
+      meta.json         step, dp size, ZeRO stage, config digest (written last, inside .tmp)
+    latest              "step_12", replaced by rename after the directory rename
+
+A save killed at any point leaves at most a ``step_N.tmp`` directory that is never loaded; the
+``latest`` pointer moves only after the complete directory exists. Old checkpoints beyond
+``keep`` are removed after a successful save, never the newest nor the one this process loaded.
+``export_hf`` writes a Hugging Face folder (safetensors) from any ZeRO stage; ``iter_full_weights``
+yields gathered weights one tensor at a time (a collective at ZeRO-3).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from repro.workers.engine import RoleEngine
+
+logger = logging.getLogger(__name__)
+
+LATEST = "latest"
+DS_TAG = "ckpt"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                    "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
+                    "generation_config.json")
+
+
+@dataclass
+class Loaded:
+    """What ``load`` restored besides the engine: the caller's ``extra`` and worker state."""
+
+    path: str
+    step: int
+    extra: dict
+    state: dict
+
+
+def config_digest(cfg: Any) -> str:
+    """Stable digest of a run config (dataclass tree) to tell a resume whether the config changed."""
+    data = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else cfg
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def complete_steps(root: str | os.PathLike) -> list[int]:
+    """Steps with a complete checkpoint under ``root`` (a ``meta.json`` in ``step_N``), ascending."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = []
+    for child in root.iterdir():
+        m = _STEP_DIR.match(child.name)
+        if m and (child / "meta.json").is_file():
+            steps.append(int(m.group(1)))
+    return sorted(steps)
+
+
+def save(engine: RoleEngine, root: str, step: int, extra: dict, *, state: dict | None = None,
+         keep: int | None = None, digest_source: Any = None) -> str:
+    """Save a checkpoint of ``engine`` at ``step`` (every rank calls it); returns its directory."""
+    assert engine.trainable and engine.engine is not None, "only trainable roles save checkpoints"
+    root_p = Path(root)
+    final = root_p / f"step_{step}"
+    tmp = root_p / f"step_{step}.tmp"
+    if _rank() == 0:
+        root_p.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)  # debris of an interrupted save
+        tmp.mkdir()
+    _barrier()
+    engine.engine.save_checkpoint(str(tmp / "ds"), tag=DS_TAG, client_state={}, save_latest=False)
+    payload = {"rng": _rng_state(), "state": state or {}, "extra": extra, "step": step}
+    rank_file = tmp / f"rank{_rank()}_state.pt"
+    torch.save(payload, str(rank_file) + ".tmp")
+    os.replace(str(rank_file) + ".tmp", rank_file)
+    _barrier()
+    if _rank() == 0:
+        meta = {"step": step, "dp": _world(), "zero_stage": engine.ds.zero_stage,
+                "config_digest": config_digest(digest_source) if digest_source is not None else None}
+        _write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _write_text_atomic(root_p / LATEST, final.name)
+        if keep is not None and keep > 0:
+            _prune(root_p, keep, protect={step, getattr(engine, "loaded_step", None)})
+    _barrier()
+    return str(final)
+
+
+def _prune(root: Path, keep: int, protect: set) -> None:
+    steps = complete_steps(root)
+    for old in steps[:-keep] if len(steps) > keep else []:
+        if old not in protect:
+            shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+
+
+def latest_path(root: str) -> str | None:
+    """The directory ``latest`` names if complete, else the newest complete one, else None."""
+    root_p = Path(root)
+    pointer = root_p / LATEST
+    if pointer.is_file():
+        named = root_p / pointer.read_text().strip()
+        if (named / "meta.json").is_file():
+            return str(named)
+        logger.warning("checkpoint pointer %s names %s, which is not a complete checkpoint; "
+                       "using the newest complete one", pointer, named)
+    steps = complete_steps(root_p)
+    return str(root_p / f"step_{steps[-1]}") if steps else None
+
+
+def load_latest(engine: RoleEngine, root: str) -> Loaded | None:
+    """Load the latest complete checkpoint under ``root``; None when there is none."""
+    path = latest_path(root)
+    return None if path is None else load(engine, path)
+
+
+def load(engine: RoleEngine, path: str, *, digest_source: Any = None) -> Loaded:
+    """Load the checkpoint directory ``path`` into ``engine`` and restore this rank's RNG states."""
+    p = Path(path)
+    meta_file = p / "meta.json"
+    if not meta_file.is_file():
+        raise ValueError(f"checkpoint {p} is missing or incomplete (no {meta_file.name}); "
+                         "an interrupted save leaves a .tmp directory, which is never loaded")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"checkpoint {meta_file} is corrupt: {err}") from err
+    if meta.get("dp") != _world():
+        raise ValueError(
+            f"checkpoint {p} was saved with dp={meta.get('dp')} data-parallel ranks but this run has "
+            f"dp={_world()}; resume with the same number of ranks (DeepSpeed's partitioned optimizer "
+            "states are per-rank; convert with DeepSpeed's universal checkpoint tools to change dp)"
+        )
+    if meta.get("zero_stage") != engine.ds.zero_stage:
+        raise ValueError(f"checkpoint {p} was saved at ZeRO-{meta.get('zero_stage')} but this run uses "
+                         f"ZeRO-{engine.ds.zero_stage}; resume with the same deepspeed.zero_stage")
+    if digest_source is not None and meta.get("config_digest") not in (None, config_digest(digest_source)):
+        logger.warning("checkpoint %s was saved with a different config (digest %s)", p, meta.get("config_digest"))
+    rank_file = p / f"rank{_rank()}_state.pt"
+    try:
+        loaded_path, _ = engine.engine.load_checkpoint(str(p / "ds"), tag=DS_TAG, load_optimizer_states=True,
+                                                       load_lr_scheduler_states=True)
+        payload = torch.load(rank_file, weights_only=False)
+    except (OSError, RuntimeError, EOFError, KeyError, ValueError, AssertionError) as err:
+        raise ValueError(f"checkpoint {p} could not be loaded ({type(err).__name__}: {err})") from err
+    if loaded_path is None:
+        raise ValueError(f"checkpoint {p / 'ds'} could not be loaded by DeepSpeed (files missing)")
+    _set_rng_state(payload["rng"])
+    engine.loaded_step = int(meta["step"])
+    return Loaded(str(p), int(meta["step"]), payload.get("extra", {}), payload.get("state", {}))
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+def iter_full_weights(engine: RoleEngine) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of every parameter, full size, Hugging Face names, one at a time.
+
+    At ZeRO-3 each parameter is all-gathered in turn (every rank must consume the whole
+    iterator); below ZeRO-3 every rank already holds the full (training-dtype) parameters.
+    """
+    zero3 = engine.engine is not None and engine.ds.zero_stage == 3
+    if not zero3:
+        for name, param in engine.module.named_parameters():
+            yield name, param.detach()
+        return
+    import deepspeed
+
+    for name, param in engine.module.named_parameters():
+        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+            tensor = param.data.detach().clone()
+        yield name, tensor
+
+
+def export_hf(engine: RoleEngine, out_dir: str, *, tokenizer_dir: str | None = None) -> None:
+    """Write a Hugging Face folder (config, safetensors, tokenizer) from any ZeRO stage (all ranks call)."""
+    state = {}
+    for name, tensor in iter_full_weights(engine):
+        if _rank() == 0:
+            state[name] = tensor.to("cpu", copy=True)
+    if _rank() == 0:
+        out = Path(out_dir)
+        tmp = out.with_name(out.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        engine.module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        if tokenizer_dir:
+            for name in _TOKENIZER_FILES:
+                src = Path(tokenizer_dir) / name
+                if src.is_file() and not (tmp / name).exists():
+                    shutil.copy2(src, tmp / name)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    _barrier()

@@ -1,0 +1,129 @@
+"""The value worker of PPO: ``compute_values`` and clipped value-loss updates on DeepSpeed.
+
+The value model is ``AutoModelForTokenClassification`` with one output on the policy's
+backbone (``critic.model.path``): the value of the state before response token ``t`` is read at
+the position that predicts token ``t``, as the actor reads its logits. It saves, reloads and
+exports as an ordinary Hugging Face model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from repro.algorithms import compute_value_loss, masked_mean
+from repro.batching import plan_role_batch
+from repro.config import RunConfig, resolve_env_knobs
+from repro.distributed import init_distributed
+from repro.workers import checkpoint
+from repro.workers.batches import Batch, batch_size, forward_micro_batches, mean_stats, plan_mini_batches, select
+from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+
+
+class CriticWorker:
+    """The critic of one rank."""
+
+    def __init__(self, cfg: RunConfig, *, ds_overrides: dict[str, Any] | None = None) -> None:
+        init_distributed()
+        self.cfg = cfg
+        self.ccfg = cfg.critic
+        self.world_size = dist.get_world_size()
+        self.ds = resolve_env_knobs(cfg.critic.deepspeed_config)
+        self.plan = plan_role_batch(cfg, "critic")
+        model_cfg = cfg.critic.model
+        torch.manual_seed(cfg.trainer.seed)  # same value-head init on every rank and run
+        module = load_hf_model(model_cfg, torch_dtype(self.ds), value_head=True)
+        self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
+                                 grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides)
+        self.updates = 0
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        resp_len = mb["responses"].shape[1]
+        out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                  position_ids=mb["position_ids"], use_cache=False)
+        return out.logits[:, -resp_len - 1:-1, 0].float()
+
+    def _to_device(self, batch: Batch) -> Batch:
+        dev = self.engine.device
+        return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
+        """Values of the response positions, zero on padding, ``[B, R]``."""
+        c = self.ccfg
+        batch = self._to_device(batch)
+        micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu or None
+        splits = forward_micro_batches(batch, micro, c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None)
+        values = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
+        with torch.no_grad():
+            for idx in splits:
+                mb = select(batch, idx)
+                values[torch.as_tensor(idx, device=values.device)] = self._values(mb) * mb["response_mask"]
+        assert sum(len(i) for i in splits) == batch_size(batch)
+        return {"values": values.cpu()}
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """PPO epochs of clipped value-loss updates: one optimizer update per mini-batch."""
+        c = self.ccfg
+        batch = self._to_device(batch)
+        seed = (c.data_loader_seed if c.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
+        minis = plan_mini_batches(
+            batch, self.plan.per_rank_mini, c.ppo_epochs, shuffle=c.shuffle, seed=seed,
+            micro=None if self.plan.dynamic else self.plan.micro,
+            max_token_len=self.plan.max_token_len if self.plan.dynamic else None,
+        )
+        dp = float(self.world_size)
+        results, weights = [], []
+        for mini in minis:
+            denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
+
+            def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
+                mask = mb["response_mask"].to(torch.float32)
+                vpreds = self._values(mb)
+                vf = compute_value_loss(vpreds, mb["returns"].float(), mb["values"].float(), mask,
+                                        c.cliprange_value, c.loss_agg_mode, **denoms)
+                tokens = float(mask.sum())
+                stats = {
+                    "critic/vf_loss": vf.loss.item() * dp,
+                    "critic/vf_clipfrac": vf.clipfrac.item() * tokens,
+                    "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item() * tokens,
+                }
+                return vf.loss * dp, stats
+
+            results.append(self.engine.train_mini_batch(mini.micro_batches, loss_fn))
+            weights.append(mini.local_tokens)
+        self.updates += 1
+        per_update = []
+        for res, tokens in zip(results, weights, strict=True):
+            summed = {k: sum(s[k] for s in res.stats) for k in res.stats[0]} if res.stats else {}
+            for key in ("critic/vf_clipfrac", "critic/vpred_mean"):
+                if key in summed:
+                    summed[key] /= max(tokens, 1.0)
+            per_update.append(summed)
+        metrics = mean_stats(per_update)
+        applied = [r for r in results if not r.skipped]
+        metrics["critic/grad_norm"] = sum(r.grad_norm for r in applied) / len(applied) if applied else float("nan")
+        metrics["critic/lr"] = results[-1].lr
+        metrics["critic/skipped_steps"] = float(len(results) - len(applied))
+        metrics.update(memory_metrics())
+        return metrics
+
+    def iter_full_weights(self):
+        return checkpoint.iter_full_weights(self.engine)
+
+    def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
+        return checkpoint.save(self.engine, root, step, extra, state={"updates": self.updates},
+                               keep=self.cfg.trainer.max_critic_ckpt_to_keep, digest_source=self.cfg)
+
+    def load_checkpoint(self, root: str) -> dict | None:
+        loaded = checkpoint.load_latest(self.engine, root)
+        if loaded is None:
+            return None
+        self.updates = int(loaded.state.get("updates", 0))
+        return loaded.extra
+
+    def export_hf(self, out_dir: str) -> None:
+        model = self.ccfg.model
+        checkpoint.export_hf(self.engine, out_dir,
+                             tokenizer_dir=model.tokenizer_path or (model.path if model.path != "tiny" else None))

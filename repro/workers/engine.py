@@ -1,0 +1,243 @@
+"""One DeepSpeed engine of a role: model loading, ``deepspeed.initialize``, the micro-batch loop.
+
+:class:`RoleEngine` owns the engine of one role (actor, critic, frozen reference) and runs a
+mini-batch as a sequence of micro-batches with one optimizer update:
+
+- the caller's loss is already normalised by the *whole* mini-batch's counts, so the engine
+  calls ``engine.backward(loss, scale_wrt_gas=False)`` and the accumulated gradient equals the
+  gradient of the full mini-batch for any split (fixed or token-budget micro-batches);
+- the accumulation boundary is set explicitly on every micro-batch (True only on the last),
+  because the number of micro-batches can differ from DeepSpeed's nominal GAS;
+- ``step_each_micro=False``: one ``engine.step()`` after the last micro-batch;
+  ``step_each_micro=True``: ``engine.step()`` after every micro-batch (a no-op update except at
+  the boundary). Both give the same update;
+- the grad norm is DeepSpeed's cached value from ``step()`` (no extra collective); DeepSpeed
+  itself skips an update whose norm is not finite, which is counted.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import os
+import resource
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from repro.distributed import on_cpu
+from repro.ds_config import build_ds_config, resolve_model_dtype
+
+if TYPE_CHECKING:
+    from repro.batching import RoleBatchPlan
+    from repro.config import DeepSpeedConfig, ModelConfig, OptimConfig
+
+logger = logging.getLogger(__name__)
+
+Batch = dict[str, torch.Tensor]
+# Returns the micro-batch's loss (already weighted by the mini-batch's global counts) and
+# statistics to average; called once per micro-batch.
+LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
+
+
+def device() -> torch.device:
+    """The device this rank trains on (CUDA device of LOCAL_RANK, or CPU)."""
+    if on_cpu():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def torch_dtype(ds: DeepSpeedConfig) -> torch.dtype:
+    """Parameter dtype of the role's model (``auto``: bf16 on CUDA, fp32 on CPU)."""
+    return torch.bfloat16 if resolve_model_dtype(ds.model_dtype, not on_cpu()) == "bfloat16" else torch.float32
+
+
+def resolve_model_path(path: str) -> str:
+    """``tiny`` -> the built-in tiny policy folder; anything else must be a Hugging Face folder."""
+    if path == "tiny":
+        from repro.data import ensure_tiny_policy
+
+        return str(ensure_tiny_policy())
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"model.path={path!r} is not a Hugging Face model folder (no config.json there)")
+    return path
+
+
+def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, *, value_head: bool = False) -> torch.nn.Module:
+    """Causal LM (actor, reference) or a one-output token-classification model (critic).
+
+    The critic is ``AutoModelForTokenClassification`` with ``num_labels=1`` on the same
+    backbone: its ``score`` head is new, the backbone loads from the policy's weights, and it
+    saves and reloads as a normal Hugging Face model. Its dropout is off so that training is
+    deterministic.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    if model_cfg.external_lib:
+        importlib.import_module(model_cfg.external_lib)
+    path = resolve_model_path(model_cfg.path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=model_cfg.trust_remote_code)
+    for key, value in dict(model_cfg.override_config).items():
+        setattr(config, key, value)
+    if value_head:
+        config.num_labels = 1
+        config.classifier_dropout = 0.0
+        auto = AutoModelForTokenClassification
+    else:
+        auto = AutoModelForCausalLM
+    model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model
+
+
+def merge_config(base: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in (nested dicts merged key by key)."""
+    out = dict(base)
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_config(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def memory_metrics() -> dict[str, float]:
+    """Peak memory of this process: CUDA allocator (+ NVML) on GPU, max RSS on CPU."""
+    rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # Linux: KiB
+    out = {"perf/cpu_max_rss_gb": rss_gb}
+    if on_cpu():
+        out["perf/max_memory_allocated_gb"] = rss_gb
+        out["perf/max_memory_reserved_gb"] = rss_gb
+        return out
+    out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        index = torch.cuda.current_device()
+        if visible and not visible.startswith("GPU-"):
+            index = int(visible.split(",")[index])
+        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
+        out["perf/nvml_memory_used_gb"] = info.used / 2**30
+    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion
+        pass
+    return out
+
+
+@dataclass
+class StepResult:
+    """Outcome of one mini-batch update."""
+
+    grad_norm: float
+    """DeepSpeed's global grad norm of this update (inf/nan when the update was skipped)."""
+    lr: float
+    """Learning rate the update used."""
+    skipped: bool
+    """True when no update was applied (non-finite grad norm, or no active micro-batch)."""
+    stats: list[dict[str, float]] = field(default_factory=list)
+    """The loss function's statistics, one dict per micro-batch that ran."""
+
+
+def all_reduce_counts(values: Sequence[float], op: str = "sum") -> list[float]:
+    """All-reduce a few numbers at once (one collective; none at world size 1)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [float(v) for v in values]
+    dev = device()
+    tensor = torch.tensor(list(values), dtype=torch.float64 if dev.type == "cpu" else torch.float32, device=dev)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return tensor.tolist()
+
+
+class RoleEngine:
+    """The DeepSpeed engine of one role (or a plain module for a frozen role below ZeRO-3)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        ds: DeepSpeedConfig,
+        plan: RoleBatchPlan,
+        *,
+        optim: OptimConfig | None,
+        grad_clip: float,
+        ds_overrides: dict[str, Any] | None = None,
+    ) -> None:
+        import deepspeed
+
+        self.trainable = optim is not None
+        self.ds = ds
+        self.step_each_micro = bool(ds.step_each_micro)
+        from repro.config import OptimConfig as _Optim
+
+        self.ds_config = merge_config(
+            build_ds_config(ds, optim or _Optim(), plan, grad_clip=grad_clip, on_cuda=not on_cpu(),
+                            trainable=self.trainable),
+            ds_overrides,
+        )
+        self.device = device()
+        self.loaded_step: int | None = None
+        """Step of the checkpoint this process loaded (never pruned by a later save)."""
+        self.engine: Any = None
+        if self.trainable:
+            params = [p for p in module.parameters() if p.requires_grad]
+            self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config)
+            self.module = self.engine.module
+        elif ds.zero_stage == 3:
+            module.requires_grad_(False)
+            self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config)
+            self.module = self.engine.module
+        else:
+            # A frozen role below ZeRO-3 gains nothing from an engine: a plain module in eval mode.
+            module.requires_grad_(False)
+            self.module = module.to(self.device)
+        self.module.eval()
+
+    # ---- forward -------------------------------------------------------------------------
+    def forward(self, **inputs: torch.Tensor) -> Any:
+        """Forward through the engine (ZeRO-3 gathers parameters) or the plain module."""
+        runner = self.engine if self.engine is not None else self.module
+        return runner(**inputs)
+
+    def current_lr(self) -> float:
+        return float(self.engine.get_lr()[0]) if self.trainable else 0.0
+
+    # ---- one update ----------------------------------------------------------------------
+    def train_mini_batch(self, micro_batches: Sequence[Batch], loss_fn: LossFn,
+                         inactive: Sequence[bool] | None = None) -> StepResult:
+        """Forward/backward every micro-batch, then one optimizer update.
+
+        ``inactive[i]`` marks micro-batches whose backward may be skipped (no active tokens);
+        the caller only passes it where skipping is allowed (see the actor's guard). Skipping
+        is rank-local, so in data parallel it desynchronises the ranks' collectives.
+        """
+        assert self.trainable, "train_mini_batch on a frozen role"
+        engine = self.engine
+        run = [i for i in range(len(micro_batches)) if not (inactive and inactive[i])]
+        lr = self.current_lr()
+        if not run:
+            return StepResult(grad_norm=float("nan"), lr=lr, skipped=True)
+        self.module.train()
+        skipped_before = engine.skipped_steps
+        stats = []
+        for i in run:
+            # Set on every micro-batch: the count may differ from DeepSpeed's nominal GAS.
+            engine.set_gradient_accumulation_boundary(i == run[-1])
+            loss, micro_stats = loss_fn(micro_batches[i])
+            engine.backward(loss, scale_wrt_gas=False)
+            stats.append(micro_stats)
+            if self.step_each_micro:
+                engine.step()
+        if not self.step_each_micro:
+            engine.step()
+        self.module.eval()
+        norm = engine.get_global_grad_norm()
+        grad_norm = float(norm.item() if torch.is_tensor(norm) else norm) if norm is not None else float("nan")
+        skipped = engine.skipped_steps > skipped_before or not math.isfinite(grad_norm)
+        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, stats=stats)

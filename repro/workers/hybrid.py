@@ -1,0 +1,135 @@
+"""One rank of the colocated ("hybrid engine") layout: actor, reference, critic and rollout together.
+
+All roles of a rank live in one process on one device, so the rollout's inference copy is
+refreshed in-process from the actor's gathered weights (``iter_full_weights``; a collective at
+ZeRO-3, which is why every rank syncs at the same point). The class knows nothing of Ray:
+``repro.cluster.WorkerGroup`` hosts one per rank, and the multi-rank test harness can too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any
+
+import torch
+
+from repro.config import RunConfig, critic_enabled, ref_policy_used
+
+Batch = dict[str, torch.Tensor]
+
+
+def sampling_seed(seed: int, step: int, rank: int, purpose: str = "train") -> int:
+    """The rollout seed of one rank at one step: reproducible, distinct across steps and ranks."""
+    digest = hashlib.sha256(f"repro.rollout:{purpose}:{seed}:{step}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def _nvml_used_gb() -> float | None:
+    """Memory in use on this rank's GPU as the driver sees it (NVML), or None off CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        index = int(visible.split(",")[torch.cuda.current_device()]) if visible else torch.cuda.current_device()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
+    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion on memory
+        return None
+
+
+class HybridWorker:
+    """Actor (+ reference) + optional critic + rollout of one rank."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        from repro.distributed import init_distributed
+        from repro.workers.actor import ActorWorker
+        from repro.workers.rollout_hf import make_rollout
+
+        for name in ("DeepSpeed", "deepspeed"):
+            logging.getLogger(name).setLevel(os.environ.get("REPRO_DS_LOG_LEVEL", "WARNING"))
+        init_distributed()
+        self.cfg = cfg
+        self.rank = torch.distributed.get_rank()
+        self.actor = ActorWorker(cfg, role="actor")
+        self.ref = ActorWorker(cfg, role="ref") if ref_policy_used(cfg) else None
+        self.critic = None
+        if critic_enabled(cfg):
+            from repro.workers.critic import CriticWorker
+
+            self.critic = CriticWorker(cfg)
+        self.rollout = make_rollout(cfg)
+        self._nvml_peak = 0.0
+
+    # ---- rollout ---------------------------------------------------------------------------
+    def sync_weights(self, version: int) -> int:
+        """Copy the actor's current weights into the inference copy (all ranks together)."""
+        return self.rollout.load_weights(self.actor.iter_full_weights(), version=version)
+
+    def generate(self, prompt_ids: list[list[int]], n: int, seed: int, step: int,
+                 purpose: str = "train", **kwargs: Any) -> Batch:
+        out = self.rollout.generate(prompt_ids, n, seed=sampling_seed(seed, step, self.rank, purpose), **kwargs)
+        self._sample_nvml()
+        return out
+
+    # ---- actor / reference / critic ----------------------------------------------------------
+    def compute_log_prob(self, batch: Batch) -> Batch:
+        return self.actor.compute_log_prob(batch, calculate_entropy=True)
+
+    def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        assert self.ref is not None, "reference policy requested but no KL term is configured"
+        return self.ref.compute_log_prob(batch)
+
+    def compute_values(self, batch: Batch) -> Batch:
+        assert self.critic is not None, "values requested but the critic is disabled"
+        return self.critic.compute_values(batch)
+
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        metrics = self.actor.update_policy(batch)
+        self._sample_nvml()
+        return self._with_memory(metrics)
+
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        assert self.critic is not None, "critic update requested but the critic is disabled"
+        metrics = self.critic.update_critic(batch)
+        self._sample_nvml()
+        return self._with_memory(metrics)
+
+    def _sample_nvml(self) -> None:
+        used = _nvml_used_gb()
+        if used is not None:
+            self._nvml_peak = max(self._nvml_peak, used)
+
+    def _with_memory(self, metrics: dict[str, float]) -> dict[str, float]:
+        metrics = dict(metrics)
+        if torch.cuda.is_available() and self.rollout.device.type == "cuda":
+            metrics.setdefault("perf/max_memory_allocated_gb", torch.cuda.max_memory_allocated() / 2**30)
+            metrics.setdefault("perf/max_memory_reserved_gb", torch.cuda.max_memory_reserved() / 2**30)
+            if self._nvml_peak:
+                # The engine reads NVML after the update; the peak also covers generation.
+                metrics["perf/nvml_memory_used_gb"] = max(self._nvml_peak, metrics.get("perf/nvml_memory_used_gb", 0.0))
+        return metrics
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> list[str]:
+        """Save every trainable role under ``root`` (the driver gives each step its own root)."""
+        paths = [self.actor.save_checkpoint(os.path.join(root, "actor"), step, extra)]
+        if self.critic is not None:
+            paths.append(self.critic.save_checkpoint(os.path.join(root, "critic"), step, {}))
+        return paths
+
+    def load_checkpoint(self, root: str) -> dict[str, Any]:
+        """Load the checkpoint that ``save_checkpoint(root, ...)`` wrote (one step per root)."""
+        extra = self.actor.load_checkpoint(os.path.join(root, "actor"))
+        if extra is None:
+            raise ValueError(f"checkpoint {root} has no complete actor checkpoint under {root}/actor")
+        if self.critic is not None and self.critic.load_checkpoint(os.path.join(root, "critic")) is None:
+            raise ValueError(f"checkpoint {root} has no complete critic checkpoint under {root}/critic")
+        return extra
+
+    def export_hf(self, out_dir: str) -> None:
+        self.actor.export_hf(out_dir)

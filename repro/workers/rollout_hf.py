@@ -1,0 +1,208 @@
+"""Reference rollout: transformers ``generate`` on an inference copy of the policy.
+
+The copy lives in the same process as the rank's ``ActorWorker`` and is refreshed every step
+from ``ActorWorker.iter_full_weights()`` (gathered full tensors, so ZeRO-3 shards work too).
+Sampling (temperature, top-p, top-k, ``n`` per prompt) is seeded per call: the caller passes a
+seed derived from (run seed, step, rank), and the draw runs inside a forked RNG so the worker's
+own random state is not touched. A run that resumes therefore samples exactly what the
+uninterrupted run sampled.
+
+Output: verl's padded batch layout (interfaces.md): prompts left-padded to ``prompt_pad_to``,
+responses right-padded to ``response_length``; a response ends at its first EOS, which is kept
+and counted in ``response_mask``; everything after it is padding.
+
+Extension point: ``rollout.name=vllm`` goes through :func:`make_rollout`, which raises a clear
+error while no vLLM adapter exists (and when vllm is not installed). An adapter would be a class
+with this module's ``load_weights`` / ``generate`` signature, returned by ``make_rollout``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from repro.config import RunConfig
+
+
+def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
+    dtype = cfg.actor_rollout_ref.actor.deepspeed.model_dtype
+    if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def default_device() -> torch.device:
+    """The rank's device: its CUDA device on GPU runs, CPU under ``DS_ACCELERATOR=cpu``."""
+    if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout:
+    """The rollout named by ``actor_rollout_ref.rollout.name``."""
+    name = cfg.actor_rollout_ref.rollout.name
+    if name == "hf":
+        return HFRollout(cfg, device=device)
+    if name == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ValueError(
+                "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed; "
+                "use actor_rollout_ref.rollout.name=hf (the reference rollout)"
+            )
+        raise ValueError(
+            "actor_rollout_ref.rollout.name=vllm: vllm is installed but repro has no vLLM adapter yet "
+            "(see repro/workers/rollout_hf.py, make_rollout); use actor_rollout_ref.rollout.name=hf"
+        )
+    raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not valid; choose one of ['hf', 'vllm']")
+
+
+class HFRollout:
+    """Sampling with ``model.generate`` on a private copy of the policy."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device | None = None) -> None:
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        model_cfg = cfg.actor_rollout_ref.model
+        rollout = cfg.actor_rollout_ref.rollout
+        if rollout.tensor_model_parallel_size != 1:
+            raise ValueError(
+                f"actor_rollout_ref.rollout.tensor_model_parallel_size={rollout.tensor_model_parallel_size}: "
+                "the hf rollout runs on one device per rank; set it to 1"
+            )
+        path = Path(model_cfg.path)
+        if not (path / "config.json").is_file():
+            raise ValueError(f"actor_rollout_ref.model.path={model_cfg.path!r} has no config.json")
+        self.cfg = cfg
+        self.device = device or default_device()
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            model_cfg.tokenizer_path or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
+        )
+        hf_config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
+        for key, value in model_cfg.override_config.items():
+            setattr(hf_config, key, value)
+        # Weights arrive from the actor before every generation; the initial values do not matter.
+        with torch.device(self.device):
+            self.model = AutoModelForCausalLM.from_config(
+                hf_config, dtype=_model_dtype(cfg, self.device), trust_remote_code=model_cfg.trust_remote_code
+            )
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.eos_id = self.tokenizer.eos_token_id
+        if self.pad_id is None:
+            self.pad_id = self.eos_id
+        if self.eos_id is None:
+            raise ValueError(f"tokenizer of {model_cfg.path} has no eos_token; the rollout needs one to stop")
+        self.weights_version = -1
+
+    @torch.no_grad()
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> int:
+        """Copy full tensors (HF names) into the inference copy; returns how many were loaded."""
+        targets = self.model.state_dict()
+        loaded: set[str] = set()
+        for name, tensor in named_tensors:
+            if name not in targets:
+                raise KeyError(f"rollout weight sync: {name!r} is not a parameter of the inference model")
+            targets[name].copy_(tensor.to(device=self.device, dtype=targets[name].dtype))
+            loaded.add(name)
+        # Tied weights (lm_head = embeddings) may come under one name only.
+        tied = {k for k in targets if k.endswith("lm_head.weight")} if self.model.config.tie_word_embeddings else set()
+        missing = set(targets) - loaded - tied
+        missing = {k for k in missing if not k.endswith("rotary_emb.inv_freq")}
+        if missing:
+            raise KeyError(f"rollout weight sync: no weights received for {sorted(missing)[:5]} ...")
+        self.weights_version = version
+        return len(loaded)
+
+    def encode_prompts(self, prompts: list[list[int]], pad_to: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-pad token lists into ``input_ids`` and ``attention_mask`` of width ``pad_to``."""
+        width = max(len(p) for p in prompts)
+        if pad_to is not None:
+            if pad_to < width:
+                raise ValueError(f"prompt of {width} tokens does not fit prompt_pad_to={pad_to}")
+            width = pad_to
+        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p):] = 1
+        return ids, mask
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompt_ids: list[list[int]],
+        n: int = 1,
+        *,
+        seed: int = 0,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        top_k: int | None = None,
+        do_sample: bool | None = None,
+        response_length: int | None = None,
+        prompt_pad_to: int | None = None,
+        micro_batch_size: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """Sample ``n`` responses per prompt; sample ``j`` of prompt ``i`` is row ``i * n + j``."""
+        ro = self.cfg.actor_rollout_ref.rollout
+        temperature = ro.temperature if temperature is None else temperature
+        top_p = ro.top_p if top_p is None else top_p
+        top_k = ro.top_k if top_k is None else top_k
+        do_sample = (ro.do_sample if do_sample is None else do_sample) and temperature > 0
+        if response_length is None:
+            response_length = ro.response_length or self.cfg.data.max_response_length
+        micro = micro_batch_size or ro.micro_batch_size_per_gpu or len(prompt_ids)
+        if not prompt_ids:
+            raise ValueError("rollout.generate got no prompts")
+
+        prompts, prompt_mask = self.encode_prompts(prompt_ids, prompt_pad_to)
+        prompts = prompts.repeat_interleave(n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
+        gen_kwargs: dict[str, Any] = {
+            "max_new_tokens": response_length,
+            "do_sample": do_sample,
+            "eos_token_id": self.eos_id,
+            "pad_token_id": self.pad_id,
+            "use_cache": True,
+        }
+        if do_sample:
+            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
+        else:
+            # Greedy: unset sampling knobs so generate does not warn about them.
+            gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+
+        responses = torch.full((prompts.shape[0], response_length), self.pad_id, dtype=torch.long)
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            for start in range(0, prompts.shape[0], micro * n):
+                ids = prompts[start:start + micro * n].to(self.device)
+                mask = prompt_mask[start:start + micro * n].to(self.device)
+                out = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
+                new = out[:, ids.shape[1]:].cpu()
+                responses[start:start + new.shape[0], : new.shape[1]] = new
+
+        response_mask = self._response_mask(responses)
+        responses = responses.masked_fill(response_mask == 0, self.pad_id)
+        input_ids = torch.cat([prompts, responses], dim=1)
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+        }
+
+    def _response_mask(self, responses: torch.Tensor) -> torch.Tensor:
+        """1 up to and including the first EOS (everything when there is none), 0 after."""
+        is_eos = (responses == self.eos_id).long()
+        eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
+        return (eos_before == 0).long()

@@ -1,0 +1,43 @@
+"""Driver-side batch operations: sharding round trip, reward placement, KL controller."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.rl_batch import KLController, concat_batches, split_batch, split_list, token_level_scores
+
+
+def test_split_then_concat_restores_the_batch():
+    batch = {"a": torch.arange(12).reshape(6, 2), "b": torch.arange(6)}
+    shards = split_batch(batch, 3)
+    assert [s["b"].tolist() for s in shards] == [[0, 1], [2, 3], [4, 5]]
+    back = concat_batches(shards)
+    assert all(torch.equal(back[k], batch[k]) for k in batch)
+
+
+def test_uneven_batch_split_is_refused():
+    with pytest.raises(ValueError, match="evenly"):
+        split_batch({"a": torch.zeros(5, 2)}, 2)
+
+
+def test_split_list_keeps_order_and_spreads_the_remainder():
+    assert split_list(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert split_list([1], 2) == [[1], []]
+
+
+def test_score_lands_on_last_real_response_token():
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    out = token_level_scores(torch.tensor([0.5, 1.0, 0.1]), mask)
+    assert out.tolist() == [[0, 0, 0.5, 0], [0, 0, 0, 1.0], [pytest.approx(0.1), 0, 0, 0]]
+
+
+def test_adaptive_kl_coef_grows_above_target_and_shrinks_below():
+    up = KLController("adaptive", 0.1, target_kl=0.1, horizon=100)
+    up.update(current_kl=1.0, n_steps=10)
+    down = KLController("adaptive", 0.1, target_kl=0.1, horizon=100)
+    down.update(current_kl=0.0, n_steps=10)
+    fixed = KLController("fixed", 0.1, target_kl=0.1, horizon=100)
+    fixed.update(current_kl=1.0, n_steps=10)
+    assert up.value == pytest.approx(0.1 * 1.02) and down.value == pytest.approx(0.1 * 0.98)
+    assert fixed.value == 0.1
