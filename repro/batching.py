@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from repro.config import RunConfig
@@ -54,7 +54,7 @@ class RoleBatchPlan:
     num_mini_batches: int
     """Optimizer steps per RL step and epoch."""
     dynamic: bool
-    max_token_len: Optional[int]
+    max_token_len: int | None
     """Token budget of one dynamic micro-batch (ppo_max_token_len_per_gpu * sp); None when static."""
 
 
@@ -78,11 +78,11 @@ class BatchParams:
     rollout_n: int
     train_batch_size: int
     ppo_mini_batch_size: int
-    ppo_micro_batch_size_per_gpu: Optional[int]
-    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: int | None
+    ppo_micro_batch_size: int | None = None
     use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: Optional[int] = None
-    max_seq_len: Optional[int] = None
+    ppo_max_token_len_per_gpu: int | None = None
+    max_seq_len: int | None = None
     """Longest possible sequence (max_prompt_length + max_response_length); checked against the token budget."""
     prefix: str = "actor_rollout_ref.actor"
     """Config path of the role's section, used in messages."""
@@ -123,90 +123,164 @@ def _plan(p: BatchParams, suggest: bool) -> RoleBatchPlan:
     k_gmicro = f"{p.prefix}.ppo_micro_batch_size"
     k_tokens = f"{p.prefix}.ppo_max_token_len_per_gpu"
     n, tbs, mini = p.rollout_n, p.train_batch_size, p.ppo_mini_batch_size
-    for key, value in ((K_NGPUS, p.n_gpus_per_node), (K_NNODES, p.nnodes), (k_sp, p.sp), (K_N, n),
-                       (K_TBS, tbs), (k_mini, mini)):
+    for key, value in (
+        (K_NGPUS, p.n_gpus_per_node),
+        (K_NNODES, p.nnodes),
+        (k_sp, p.sp),
+        (K_N, n),
+        (K_TBS, tbs),
+        (k_mini, mini),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise BatchPlanError(f"{key}={value!r} must be a positive integer", [key], {})
 
     world = p.n_gpus_per_node * p.nnodes
     if world % p.sp:
         divisors = [d for d in range(1, world + 1) if world % d == 0]
-        message = (f"{k_sp}={p.sp} does not divide the world size {world} ({K_NGPUS}={p.n_gpus_per_node} x "
-                   f"{K_NNODES}={p.nnodes}); it must be one of {divisors}")
+        message = (
+            f"{k_sp}={p.sp} does not divide the world size {world} ({K_NGPUS}={p.n_gpus_per_node} x "
+            f"{K_NNODES}={p.nnodes}); it must be one of {divisors}"
+        )
         if not suggest:
             raise BatchPlanError(message, [k_sp, K_NGPUS, K_NNODES], {})
         valid = [d for d in divisors if _is_valid(replace(p, sp=d))]
-        message += (f". Valid values with the other keys as they are: {valid}" if valid
-                    else ", but none of those passes the other rules")
+        message += (
+            f". Valid values with the other keys as they are: {valid}"
+            if valid
+            else ", but none of those passes the other rules"
+        )
         raise BatchPlanError(message, [k_sp, K_NGPUS, K_NNODES], {k_sp: valid})
     dp = world // p.sp
-    dp_words = (f"dp={dp} data-parallel ranks (world {world} = {K_NGPUS}={p.n_gpus_per_node} x "
-                f"{K_NNODES}={p.nnodes}, / {k_sp}={p.sp})")
+    dp_words = (
+        f"dp={dp} data-parallel ranks ({K_NGPUS}={p.n_gpus_per_node} x {K_NNODES}={p.nnodes} = world {world}, "
+        f"divided by {k_sp}={p.sp})"
+    )
     samples = tbs * n
     if samples % dp:
-        _fail(p, f"{K_TBS}={tbs} x {K_N}={n} = {samples} samples per step cannot be split evenly "
-              f"across {dp_words}", [K_TBS, K_N, K_NGPUS, K_NNODES], "train_batch_size", K_TBS, suggest=suggest,
-              split_ok=lambda v: (v * n) % dp == 0)
+        _fail(
+            p,
+            f"{K_TBS}={tbs} x {K_N}={n} = {samples} samples per step cannot be split evenly "
+            f"across {dp_words}",
+            [K_TBS, K_N, K_NGPUS, K_NNODES],
+            "train_batch_size",
+            K_TBS,
+            suggest=suggest,
+            split_ok=lambda v: (v * n) % dp == 0,
+        )
     mini_samples = mini * n
     if mini_samples % dp:
-        _fail(p, f"{k_mini}={mini} x {K_N}={n} = {mini_samples} samples per mini-batch cannot be split "
-              f"evenly across {dp_words}", [k_mini, K_N, K_NGPUS, K_NNODES], "ppo_mini_batch_size", k_mini, suggest=suggest,
-              split_ok=lambda v: (v * n) % dp == 0)
+        _fail(
+            p,
+            f"{k_mini}={mini} x {K_N}={n} = {mini_samples} samples per mini-batch cannot be split "
+            f"evenly across {dp_words}",
+            [k_mini, K_N, K_NGPUS, K_NNODES],
+            "ppo_mini_batch_size",
+            k_mini,
+            suggest=suggest,
+            split_ok=lambda v: (v * n) % dp == 0,
+        )
     if tbs % mini:
-        _fail(p, f"{K_TBS}={tbs} is not a multiple of {k_mini}={mini}, so a step would end with a "
-              "partial mini-batch", [K_TBS, k_mini], "ppo_mini_batch_size", k_mini, suggest=suggest,
-              also=("train_batch_size", K_TBS))
+        _fail(
+            p,
+            f"{K_TBS}={tbs} is not a multiple of {k_mini}={mini}, so a step would end with a "
+            "partial mini-batch",
+            [K_TBS, k_mini],
+            "ppo_mini_batch_size",
+            k_mini,
+            suggest=suggest,
+            also=("train_batch_size", K_TBS),
+        )
     per_rank_mini = mini_samples // dp
 
     if p.use_dynamic_bsz:
         budget = p.ppo_max_token_len_per_gpu
         if not isinstance(budget, int) or budget < 1:
-            raise BatchPlanError(f"{k_tokens}={budget!r} must be a positive integer with "
-                                 f"{p.prefix}.use_dynamic_bsz=True", [k_tokens], {})
+            raise BatchPlanError(
+                f"{k_tokens}={budget!r} must be a positive integer with {p.prefix}.use_dynamic_bsz=True",
+                [k_tokens],
+                {},
+            )
         if p.max_seq_len is not None and budget * p.sp < p.max_seq_len:
             need = -(-p.max_seq_len // p.sp)
             raise BatchPlanError(
                 f"{k_tokens}={budget} (x sp {p.sp}) is below the longest possible sequence, "
                 f"data.max_prompt_length + data.max_response_length = {p.max_seq_len} tokens; a "
                 f"sequence must fit in one micro-batch: set {k_tokens} >= {need}",
-                [k_tokens, "data.max_prompt_length", "data.max_response_length"], {k_tokens: [need]})
+                [k_tokens, "data.max_prompt_length", "data.max_response_length"],
+                {k_tokens: [need]},
+            )
         micro, gas, max_token_len = 1, 1, budget * p.sp
     else:
-        micro = _static_micro(p, dp, per_rank_mini, k_micro, k_gmicro, suggest)
+        micro = _static_micro(p, dp, dp_words, per_rank_mini, k_micro, k_gmicro, suggest)
         if per_rank_mini % micro:
             legacy = p.ppo_micro_batch_size is not None
-            named = f"{k_gmicro}={p.ppo_micro_batch_size} / dp={dp} = {micro}" if legacy else f"{k_micro}={micro}"
+            named = (
+                f"{k_gmicro}={p.ppo_micro_batch_size} / dp={dp} = {micro}" if legacy else f"{k_micro}={micro}"
+            )
             key = k_gmicro if legacy else k_micro
-            _fail(p, f"{named} does not divide the per-rank mini-batch of {per_rank_mini} samples "
-                  f"({k_mini}={mini} x {K_N}={n} / dp={dp}), so gradient accumulation would drop samples",
-                  [key, k_mini, K_N], "gmicro" if legacy else "micro", key, suggest=suggest,
-                  also=("ppo_mini_batch_size", k_mini))
+            _fail(
+                p,
+                f"{named} does not divide the per-rank mini-batch of {per_rank_mini} samples "
+                f"({k_mini}={mini} x {K_N}={n} / dp={dp}), so gradient accumulation would drop samples",
+                [key, k_mini, K_N],
+                "gmicro" if legacy else "micro",
+                key,
+                suggest=suggest,
+                also=("ppo_mini_batch_size", k_mini),
+            )
         gas, max_token_len = per_rank_mini // micro, None
 
     return RoleBatchPlan(
-        world=world, dp=dp, sp=p.sp, samples_per_step=samples, mini_batch_samples=mini_samples,
-        per_rank_mini=per_rank_mini, micro=micro, gas=gas, train_batch_size=micro * gas * dp * p.sp,
-        num_mini_batches=samples // mini_samples, dynamic=p.use_dynamic_bsz, max_token_len=max_token_len,
+        world=world,
+        dp=dp,
+        sp=p.sp,
+        samples_per_step=samples,
+        mini_batch_samples=mini_samples,
+        per_rank_mini=per_rank_mini,
+        micro=micro,
+        gas=gas,
+        train_batch_size=micro * gas * dp * p.sp,
+        num_mini_batches=samples // mini_samples,
+        dynamic=p.use_dynamic_bsz,
+        max_token_len=max_token_len,
     )
 
 
-def _static_micro(p: BatchParams, dp: int, per_rank_mini: int, k_micro: str, k_gmicro: str, suggest: bool) -> int:
+def _static_micro(
+    p: BatchParams, dp: int, dp_words: str, per_rank_mini: int, k_micro: str, k_gmicro: str, suggest: bool
+) -> int:
     """The per-rank micro-batch from the per-gpu key or the deprecated global one (divided by dp once)."""
     if p.ppo_micro_batch_size is not None and p.ppo_micro_batch_size_per_gpu is not None:
-        raise BatchPlanError(f"both {k_micro}={p.ppo_micro_batch_size_per_gpu} and the deprecated {k_gmicro}="
-                             f"{p.ppo_micro_batch_size} are set; keep only {k_micro}", [k_micro, k_gmicro], {})
+        raise BatchPlanError(
+            f"both {k_micro}={p.ppo_micro_batch_size_per_gpu} and the deprecated {k_gmicro}="
+            f"{p.ppo_micro_batch_size} are set; keep only {k_micro}",
+            [k_micro, k_gmicro],
+            {},
+        )
     if p.ppo_micro_batch_size is not None:
         if p.ppo_micro_batch_size % dp:
-            _fail(p, f"the deprecated global {k_gmicro}={p.ppo_micro_batch_size} is not divisible by dp={dp} "
-                  f"(it is divided across the data-parallel ranks); prefer {k_micro}", [k_gmicro, K_NGPUS, K_NNODES],
-                  "gmicro", k_gmicro, suggest=suggest, split_ok=lambda v: v % dp == 0)
+            _fail(
+                p,
+                f"the deprecated global {k_gmicro}={p.ppo_micro_batch_size} is not divisible by {dp_words} "
+                f"(it is divided across the data-parallel ranks); prefer {k_micro}",
+                [k_gmicro, K_NGPUS, K_NNODES],
+                "gmicro",
+                k_gmicro,
+                suggest=suggest,
+                split_ok=lambda v: v % dp == 0,
+            )
         return p.ppo_micro_batch_size // dp
     if p.ppo_micro_batch_size_per_gpu is None:
-        raise BatchPlanError(f"{k_micro} is not set; set it (a divisor of the per-rank mini-batch, "
-                             f"{per_rank_mini}) or set {p.prefix}.use_dynamic_bsz=True",
-                             [k_micro, f"{p.prefix}.use_dynamic_bsz"], {})
+        raise BatchPlanError(
+            f"{k_micro} is not set; set it (a divisor of the per-rank mini-batch, "
+            f"{per_rank_mini}) or set {p.prefix}.use_dynamic_bsz=True",
+            [k_micro, f"{p.prefix}.use_dynamic_bsz"],
+            {},
+        )
     if not isinstance(p.ppo_micro_batch_size_per_gpu, int) or p.ppo_micro_batch_size_per_gpu < 1:
-        raise BatchPlanError(f"{k_micro}={p.ppo_micro_batch_size_per_gpu!r} must be a positive integer", [k_micro], {})
+        raise BatchPlanError(
+            f"{k_micro}={p.ppo_micro_batch_size_per_gpu!r} must be a positive integer", [k_micro], {}
+        )
     return p.ppo_micro_batch_size_per_gpu
 
 
@@ -220,7 +294,11 @@ def _field_and_range(p: BatchParams, what: str) -> tuple[str, int, int]:
         # A per-rank micro-batch never exceeds the (global) mini-batch in samples.
         return "ppo_micro_batch_size_per_gpu", 1, max(p.ppo_mini_batch_size * p.rollout_n, 2)
     if what == "gmicro":
-        return "ppo_micro_batch_size", 1, max(p.ppo_mini_batch_size * p.rollout_n, (p.ppo_micro_batch_size or 1) + 1)
+        return (
+            "ppo_micro_batch_size",
+            1,
+            max(p.ppo_mini_batch_size * p.rollout_n, (p.ppo_micro_batch_size or 1) + 1),
+        )
     raise AssertionError(what)
 
 
@@ -239,8 +317,17 @@ def _is_valid(p: BatchParams) -> bool:
     return True
 
 
-def _fail(p: BatchParams, problem: str, keys: list[str], what: str, key: str, *, suggest: bool,
-          split_ok: Optional[Callable[[int], bool]] = None, also: Optional[tuple[str, str]] = None) -> None:
+def _fail(
+    p: BatchParams,
+    problem: str,
+    keys: list[str],
+    what: str,
+    key: str,
+    *,
+    suggest: bool,
+    split_ok: Callable[[int], bool] | None = None,
+    also: tuple[str, str] | None = None,
+) -> None:
     """Raise the error for ``problem`` with the nearest values of ``key`` that make the whole plan valid."""
     if not suggest:  # a probe from _is_valid: only validity matters
         raise BatchPlanError(problem, keys, {})
@@ -259,8 +346,10 @@ def _fail(p: BatchParams, problem: str, keys: list[str], what: str, key: str, *,
         if split_ok is not None and field_key == key:
             split = _nearest(current, split_ok, lo, hi)
             if split and split != valid:
-                parts[-1] = parts[-1][:-1] + (f" (nearest that split evenly: {' or '.join(map(str, split))}, "
-                                              "but not all of those pass the other rules).")
+                parts[-1] = parts[-1][:-1] + (
+                    f" (nearest that split evenly: {' or '.join(map(str, split))}, "
+                    "but not all of those pass the other rules)."
+                )
     raise BatchPlanError(" ".join(parts), keys, suggestions)
 
 
@@ -275,9 +364,12 @@ def sample_layout(plan: RoleBatchPlan) -> list[list[list[range]]]:
     shard = plan.samples_per_step // plan.dp
     return [
         [
-            [range(start, start + plan.micro) for start in range(r * shard + m * plan.per_rank_mini,
-                                                                 r * shard + (m + 1) * plan.per_rank_mini,
-                                                                 plan.micro)]
+            [
+                range(start, start + plan.micro)
+                for start in range(
+                    r * shard + m * plan.per_rank_mini, r * shard + (m + 1) * plan.per_rank_mini, plan.micro
+                )
+            ]
             for r in range(plan.dp)
         ]
         for m in range(plan.num_mini_batches)
@@ -286,8 +378,9 @@ def sample_layout(plan: RoleBatchPlan) -> list[list[list[range]]]:
 
 # ---- token-budget (dynamic) micro-batches -------------------------------------------------------
 
+
 def split_micro_batches_by_tokens(
-    seq_lens: Sequence[int], max_tokens: int, num_micro_batches: Optional[int] = None
+    seq_lens: Sequence[int], max_tokens: int, num_micro_batches: int | None = None
 ) -> list[list[int]]:
     """Pack sample indices into micro-batches whose token sums stay within ``max_tokens``.
 
@@ -317,8 +410,10 @@ def split_micro_batches_by_tokens(
     minimum = len(_first_fit_decreasing(lens, order, max_tokens))
     k = minimum if num_micro_batches is None else int(num_micro_batches)
     if not minimum <= k <= len(lens):
-        raise ValueError(f"num_micro_batches={k} is not possible for {len(lens)} sequences under "
-                         f"ppo_max_token_len_per_gpu={max_tokens}: it must be in [{minimum}, {len(lens)}]")
+        raise ValueError(
+            f"num_micro_batches={k} is not possible for {len(lens)} sequences under "
+            f"ppo_max_token_len_per_gpu={max_tokens}: it must be in [{minimum}, {len(lens)}]"
+        )
     bins = _balanced(lens, order, max_tokens, k)
     if bins is None:
         bins = _split_to(_first_fit_decreasing(lens, order, max_tokens), lens, k)
@@ -330,7 +425,9 @@ def min_micro_batches(seq_lens: Sequence[int], max_tokens: int) -> int:
     return len(split_micro_batches_by_tokens(seq_lens, max_tokens))
 
 
-def equalize_micro_batch_counts(per_rank_seq_lens: Sequence[Sequence[int]], max_tokens: int) -> list[list[list[int]]]:
+def equalize_micro_batch_counts(
+    per_rank_seq_lens: Sequence[Sequence[int]], max_tokens: int
+) -> list[list[list[int]]]:
     """Token-budget micro-batches for every dp rank, all ranks with the same count.
 
     Each micro-batch's backward issues gradient collectives (ZeRO-2 reduce-scatter, ZeRO-3
@@ -343,8 +440,10 @@ def equalize_micro_batch_counts(per_rank_seq_lens: Sequence[Sequence[int]], max_
         return []
     count = max(min_micro_batches(lens, max_tokens) for lens in per_rank_seq_lens)
     if any(len(lens) < count for lens in per_rank_seq_lens):
-        raise ValueError(f"a rank has fewer samples than the {count} micro-batches its peers need; "
-                         "give every dp rank the same number of samples")
+        raise ValueError(
+            f"a rank has fewer samples than the {count} micro-batches its peers need; "
+            "give every dp rank the same number of samples"
+        )
     return [split_micro_batches_by_tokens(lens, max_tokens, count) for lens in per_rank_seq_lens]
 
 
@@ -363,7 +462,7 @@ def _first_fit_decreasing(lens: list[int], order: list[int], cap: int) -> list[l
     return bins
 
 
-def _balanced(lens: list[int], order: list[int], cap: int, k: int) -> Optional[list[list[int]]]:
+def _balanced(lens: list[int], order: list[int], cap: int, k: int) -> list[list[int]] | None:
     """Longest first into the least-loaded bin that fits (ties: fewer samples, lower bin); None if
     some sequence fits nowhere or a bin stays empty."""
     bins: list[list[int]] = [[] for _ in range(k)]
@@ -382,7 +481,9 @@ def _split_to(bins: list[list[int]], lens: list[int], k: int) -> list[list[int]]
     """Split the fullest multi-sample bins until there are ``k``; splitting never raises a load."""
     bins = [list(b) for b in bins]
     while len(bins) < k:
-        b = max((b for b in range(len(bins)) if len(bins[b]) > 1),
-                key=lambda b: (sum(lens[i] for i in bins[b]), -b))
+        b = max(
+            (b for b in range(len(bins)) if len(bins[b]) > 1),
+            key=lambda b: (sum(lens[i] for i in bins[b]), -b),
+        )
         bins.append([bins[b].pop()])
     return bins

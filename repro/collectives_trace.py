@@ -51,7 +51,9 @@ DEFAULT_TIMEOUT_S = 300.0
 _sessions = 0
 
 
-def start(out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S) -> record.Tracer:
+def start(
+    out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S
+) -> record.Tracer:
     """Begin tracing in this process (see :func:`trace_collectives`); :func:`stop` ends it."""
     global _sessions
     mode = CheckMode.parse(check)
@@ -137,11 +139,22 @@ def _summary(traces: dict[int, RankTrace]) -> str:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     traces, div = analyze(args.dir)
     if args.json:
-        print(json.dumps({"ranks": {r: len(t.calls) for r, t in traces.items()},
-                          "divergence": divergence_to_json(div) if div else None}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "ranks": {r: len(t.calls) for r, t in traces.items()},
+                    "divergence": divergence_to_json(div) if div else None,
+                },
+                indent=2,
+            )
+        )
     else:
         print(_summary(traces))
-        print(format_divergence(div) if div else "No divergence: every group's ranks issued the same collectives.")
+        print(
+            format_divergence(div)
+            if div
+            else "No divergence: every group's ranks issued the same collectives."
+        )
     return 1 if div else 0
 
 
@@ -170,7 +183,11 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     if div is not None:
         print(format_divergence(div))
     if failed:
-        print("ranks that failed: " + ", ".join(f"rank {r} ({_exit(c)})" for r, c in failed.items()) + f"; logs in {out}")
+        print(
+            "ranks that failed: "
+            + ", ".join(f"rank {r} ({_exit(c)})" for r, c in failed.items())
+            + f"; logs in {out}"
+        )
     elif div is None:
         print(f"all {len(codes)} ranks exited 0; no divergence ({_summary(traces)})")
     return 1 if (failed or div is not None) else 0
@@ -199,7 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--check", default="every", help=f"check mode: {CHECK_CHOICES} (default every)")
     la.add_argument("--out", required=True, help="trace directory")
     la.add_argument("--timeout-s", type=float, default=60.0, help="check mode: seconds to wait for a peer")
-    la.add_argument("--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed")
+    la.add_argument(
+        "--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed"
+    )
     la.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
     an = sub.add_parser("analyze", help="report the first divergence of a trace directory")
     an.add_argument("dir")
@@ -207,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a Chrome/Perfetto trace with the divergence marked")
     ex.add_argument("dir")
     ex.add_argument("--chrome", required=True, help="output .json file")
-    ru = sub.add_parser("run", help="run SCRIPT in this process with tracing from the environment (for torchrun)")
+    ru = sub.add_parser(
+        "run", help="run SCRIPT in this process with tracing from the environment (for torchrun)"
+    )
     ru.add_argument("script")
     ru.add_argument("args", nargs=argparse.REMAINDER)
     return p

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 ZERO_STAGES = (1, 2, 3)
 OFFLOAD_CHOICES = ("none", "cpu", "nvme", "auto")
@@ -111,21 +111,21 @@ class DeepSpeedConfig:
     """ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)."""
     offload: str = "none"
     """none, cpu or nvme; applied per stage by ``ds_config.resolve_offload`` (auto means cpu)."""
-    offload_dir: Optional[str] = None
+    offload_dir: str | None = None
     """Directory for NVMe offload swap files (required with ``offload=nvme``)."""
     model_dtype: str = "auto"
     """Training dtype: bfloat16, float32, or auto (bf16 on CUDA, fp32 on CPU)."""
-    param_offload: Optional[bool] = None
+    param_offload: bool | None = None
     """ZeRO-3 parameter offload with ``offload=cpu``; None reads VERL_ENABLE_PARAM_OFFLOAD."""
-    fp32_grad_accum: Optional[bool] = None
+    fp32_grad_accum: bool | None = None
     """Accumulate gradients in fp32 (DeepSpeed ``data_types.grad_accum_dtype``); None reads VERL_DS_ZERO2_FP32_ACCUM_PATCH."""
-    step_each_micro: Optional[bool] = None
+    step_each_micro: bool | None = None
     """Call ``engine.step()`` after every micro-batch; None reads VERL_DS_ZERO2_STEP_EACH_MICRO."""
     reduce_bucket_size: int = 500_000_000
     """DeepSpeed reduce bucket size (elements)."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
-    torch_adam: Optional[bool] = None
+    torch_adam: bool | None = None
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class CheckpointConfig:
 class ModelConfig:
     path: str = "tiny"
     """Hugging Face model directory, or ``tiny`` for the built-in tiny Qwen3 arithmetic policy."""
-    tokenizer_path: Optional[str] = None
+    tokenizer_path: str | None = None
     """Tokenizer directory; defaults to ``path``."""
     enable_gradient_checkpointing: bool = False
     """Activation checkpointing in the transformer blocks."""
@@ -154,7 +154,7 @@ class ModelConfig:
     """Accepted for verl compatibility; padded batches are used here (no effect)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``."""
-    external_lib: Optional[str] = None
+    external_lib: str | None = None
     """Module imported before the model is built (custom architectures)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
@@ -166,9 +166,9 @@ class ActorConfig:
     """Training backend; only ``deepspeed`` is implemented here."""
     ppo_mini_batch_size: int = 256
     """Prompts per mini-batch (multiplied by rollout.n into samples)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 8
+    ppo_micro_batch_size_per_gpu: int | None = 8
     """Samples per micro-batch on each rank (ignored with use_dynamic_bsz); must divide the per-rank mini-batch."""
-    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size: int | None = None
     """Deprecated global micro-batch size, divided by dp; setting it on the command line replaces the per-gpu default."""
     use_dynamic_bsz: bool = False
     """Pack micro-batches by token budget (ppo_max_token_len_per_gpu) instead of sample count."""
@@ -180,9 +180,9 @@ class ActorConfig:
     """Shuffle samples between epochs."""
     clip_ratio: float = 0.2
     """PPO clip epsilon (both sides unless clip_ratio_low/high are set)."""
-    clip_ratio_low: Optional[float] = None
+    clip_ratio_low: float | None = None
     """Lower clip epsilon; defaults to clip_ratio."""
-    clip_ratio_high: Optional[float] = None
+    clip_ratio_high: float | None = None
     """Upper clip epsilon; defaults to clip_ratio."""
     clip_ratio_c: float = 3.0
     """Dual-clip constant for negative advantages (must be > 1)."""
@@ -200,7 +200,7 @@ class ActorConfig:
     """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
     grad_clip: float = 1.0
     """Gradient-norm clip (0 disables)."""
-    data_loader_seed: Optional[int] = None
+    data_loader_seed: int | None = None
     """Seed of the shuffle between epochs; defaults to data.seed."""
     skip_inactive_micro_batches: bool = False
     """Skip backward for micro-batches with no response tokens; allowed only at world size 1."""
@@ -228,7 +228,7 @@ class ActorConfig:
 
 @dataclass
 class RefConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per forward micro-batch of the reference policy; defaults to rollout's."""
     log_prob_max_token_len_per_gpu: int = 16384
     """Token budget of one dynamic log-prob micro-batch."""
@@ -260,19 +260,19 @@ class RolloutConfig:
     top_k: int = -1
     """-1 disables top-k."""
     do_sample: bool = True
-    prompt_length: Optional[int] = None
+    prompt_length: int | None = None
     """Defaults to data.max_prompt_length."""
-    response_length: Optional[int] = None
+    response_length: int | None = None
     """Defaults to data.max_response_length."""
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
+    log_prob_micro_batch_size_per_gpu: int | None = None
     """Samples per forward micro-batch when computing old log-probs."""
     log_prob_max_token_len_per_gpu: int = 16384
     log_prob_use_dynamic_bsz: bool = False
-    micro_batch_size_per_gpu: Optional[int] = None
+    micro_batch_size_per_gpu: int | None = None
     """Prompts per generate call on each rank; None generates the whole shard at once."""
     tensor_model_parallel_size: int = 1
     """vLLM tensor parallelism (must be 1 for the hf rollout)."""
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     """vLLM only."""
     max_num_seqs: int = 1024
     """vLLM only."""
@@ -310,22 +310,22 @@ class ActorRolloutRefConfig:
 
 @dataclass
 class CriticConfig:
-    enable: Optional[bool] = None
+    enable: bool | None = None
     """Train a critic; None decides from algorithm.adv_estimator (gae needs one, grpo does not)."""
     strategy: str = "deepspeed"
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: ModelConfig = field(default_factory=ModelConfig)
     ppo_mini_batch_size: int = 256
     """Prompts per critic mini-batch (times rollout.n)."""
-    ppo_micro_batch_size_per_gpu: Optional[int] = 8
+    ppo_micro_batch_size_per_gpu: int | None = 8
     """Samples per critic micro-batch on each rank (ignored with use_dynamic_bsz)."""
-    ppo_micro_batch_size: Optional[int] = None
+    ppo_micro_batch_size: int | None = None
     """Deprecated global micro-batch size, divided by dp (see the actor's)."""
     use_dynamic_bsz: bool = False
     """Pack critic micro-batches by token budget (ppo_max_token_len_per_gpu)."""
     ppo_max_token_len_per_gpu: int = 32768
     """Token budget of one dynamic critic micro-batch."""
-    forward_micro_batch_size_per_gpu: Optional[int] = None
+    forward_micro_batch_size_per_gpu: int | None = None
     """Samples per forward micro-batch of compute_values; defaults to ppo_micro_batch_size_per_gpu."""
     forward_max_token_len_per_gpu: int = 32768
     """Token budget of one dynamic compute_values micro-batch."""
@@ -341,7 +341,7 @@ class CriticConfig:
     """Gradient-norm clip (0 disables)."""
     ulysses_sequence_parallel_size: int = 1
     """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
-    data_loader_seed: Optional[int] = None
+    data_loader_seed: int | None = None
     """Seed of the shuffle between epochs; defaults to data.seed."""
     deepspeed_config: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -402,8 +402,12 @@ class RewardConfig:
     def __post_init__(self) -> None:
         for key in self.reward_kwargs:
             if key not in REWARD_KWARGS:
-                _fail(self, f"reward_kwargs.{key}", f"is not known; choose from {list(REWARD_KWARGS)}",
-                      self.reward_kwargs[key])
+                _fail(
+                    self,
+                    f"reward_kwargs.{key}",
+                    f"is not known; choose from {list(REWARD_KWARGS)}",
+                    self.reward_kwargs[key],
+                )
         if "method" in self.reward_kwargs:
             _choice(self, "reward_kwargs.method", GSM8K_METHODS, self.reward_kwargs["method"])
 
@@ -420,7 +424,7 @@ class DataConfig:
     """Column that picks the reward function."""
     train_batch_size: int = 1024
     """Prompts per RL step."""
-    val_batch_size: Optional[int] = None
+    val_batch_size: int | None = None
     """Accepted for verl compatibility; validation runs the whole set."""
     max_prompt_length: int = 512
     """Longest prompt in tokens (left-padded to this length)."""
@@ -462,7 +466,7 @@ class TrainerConfig:
     """auto (cuda if available), cpu or cuda."""
     total_epochs: int = 1
     """Passes over the training prompts when total_training_steps is None."""
-    total_training_steps: Optional[int] = None
+    total_training_steps: int | None = None
     """RL steps to run; None runs total_epochs over the data."""
     save_freq: int = -1
     """Checkpoint every N steps (<= 0 disables)."""
@@ -472,17 +476,17 @@ class TrainerConfig:
     """Validate once before the first step."""
     critic_warmup: int = 0
     """Steps that update only the critic."""
-    default_local_dir: Optional[str] = None
+    default_local_dir: str | None = None
     """Checkpoint directory; defaults to <output dir>/checkpoints."""
-    output_dir: Optional[str] = None
+    output_dir: str | None = None
     """Run directory; defaults to outputs/<experiment_name>_<timestamp> (resume reuses the latest)."""
     resume_mode: str = "auto"
     """auto (latest checkpoint if any), disable, or resume_path."""
-    resume_from_path: Optional[str] = None
+    resume_from_path: str | None = None
     """Checkpoint directory to resume from with resume_mode=resume_path."""
-    max_actor_ckpt_to_keep: Optional[int] = 2
+    max_actor_ckpt_to_keep: int | None = 2
     """Actor checkpoints kept on disk (None keeps all)."""
-    max_critic_ckpt_to_keep: Optional[int] = 2
+    max_critic_ckpt_to_keep: int | None = 2
     """Critic checkpoints kept on disk (None keeps all)."""
     seed: int = 1
     """Seed of model init, sampling and data order."""
@@ -490,7 +494,7 @@ class TrainerConfig:
     """Accepted for verl compatibility (no effect)."""
     dry_run: bool = False
     """Validate and print the effective plan as JSON without starting workers."""
-    ray_address: Optional[str] = None
+    ray_address: str | None = None
     """Existing Ray cluster to join; None starts a local one."""
     progress: str = "auto"
     """auto (bar on a terminal), bar or plain."""
@@ -531,7 +535,7 @@ class RunConfig:
     ray_kwargs: RayKwargs = field(default_factory=RayKwargs)
 
 
-def _env_flag(environ: dict[str, str], name: str) -> Optional[bool]:
+def _env_flag(environ: dict[str, str], name: str) -> bool | None:
     raw = environ.get(name)
     if raw is None or raw == "":
         return None
@@ -540,7 +544,7 @@ def _env_flag(environ: dict[str, str], name: str) -> Optional[bool]:
     return raw == "1"
 
 
-def resolve_env_knobs(ds: DeepSpeedConfig, environ: Optional[dict[str, str]] = None) -> DeepSpeedConfig:
+def resolve_env_knobs(ds: DeepSpeedConfig, environ: dict[str, str] | None = None) -> DeepSpeedConfig:
     """Fill the knobs left at None from the DeepSpeed environment variables (read once, here)."""
     environ = dict(os.environ) if environ is None else environ
     if ds.param_offload is None:

@@ -23,7 +23,7 @@ import pathlib
 import typing
 import warnings
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import Any
 
 from repro import config as C
 from repro.batching import ROLE_PREFIXES, plan_role_batch
@@ -87,7 +87,7 @@ def config_keys(root: type = RunConfig) -> tuple[frozenset[str], frozenset[str]]
     return frozenset(keys), frozenset(open_dicts)
 
 
-def close_matches(key: str, keys: Sequence[str] | frozenset[str], n: int = 5) -> list[str]:
+def close_matches(key: str, keys: Sequence[str] | frozenset[str], n: int = 3) -> list[str]:
     """Known keys that look like ``key``: difflib over full keys, then same leaf name elsewhere."""
     pool = sorted(keys)
     found = difflib.get_close_matches(key, pool, n=n, cutoff=0.6)
@@ -118,9 +118,13 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             raise ValueError(f"cannot parse the override {line!r}: {_one_line(str(e))}") from None
         key = ov.key_or_group
         if key.startswith("hydra.") or key.startswith("hydra/"):
-            notes.append(f"{key}: ignored; repro composes its config without Hydra's run directory or logging")
+            notes.append(
+                f"{key}: ignored; repro composes its config without Hydra's run directory or logging"
+            )
             continue
-        if ov.package is not None or (key in CONFIG_GROUPS and ov.type != OverrideType.ADD and "." not in key):
+        if ov.package is not None or (
+            key in CONFIG_GROUPS and ov.type != OverrideType.ADD and "." not in key
+        ):
             out.append(_check_group(ov, line))
             continue
         if ov.type == OverrideType.DEL:
@@ -132,8 +136,10 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
             out.append("++" + line.lstrip("+"))
             continue
         if key in CONFIG_GROUPS or "/" in key:
-            raise ValueError(f"{line!r}: adding config groups is not supported; groups: "
-                             + ", ".join(f"{g}@{pkg}={'|'.join(opts)}" for g, (pkg, opts) in CONFIG_GROUPS.items()))
+            raise ValueError(
+                f"{line!r}: adding config groups is not supported; groups: "
+                + ", ".join(f"{g}@{pkg}={'|'.join(opts)}" for g, (pkg, opts) in CONFIG_GROUPS.items())
+            )
         matches = close_matches(key, keys | open_dicts)
         hint = f"; did you mean {' or '.join(matches)}?" if matches else "; no similar key exists"
         raise ValueError(f"unknown config key {key!r} (from {line!r}){hint}")
@@ -143,21 +149,27 @@ def check_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
 def _check_group(ov: Any, line: str) -> str:
     group, package = ov.key_or_group, ov.package
     if group not in CONFIG_GROUPS:
-        raise ValueError(f"{line!r}: unknown config group {group!r}; known groups: "
-                         + ", ".join(f"{g}@{pkg}" for g, (pkg, _) in CONFIG_GROUPS.items()))
+        raise ValueError(
+            f"{line!r}: unknown config group {group!r}; known groups: "
+            + ", ".join(f"{g}@{pkg}" for g, (pkg, _) in CONFIG_GROUPS.items())
+        )
     want_package, options = CONFIG_GROUPS[group]
     if (package or group) != want_package:
         form = f"{group}@{want_package}" if group != want_package else group
-        raise ValueError(f"{line!r}: the {group!r} group is placed at {want_package}; write {form}={options[0]}")
+        raise ValueError(
+            f"{line!r}: the {group!r} group is placed at {want_package}; write {form}={options[0]}"
+        )
     value = ov.value()
     if value not in options:
-        raise ValueError(f"{line!r}: {group}={value!r} is not an option of the {group!r} group; "
-                         f"choose one of {list(options)} (only DeepSpeed workers exist here)")
+        raise ValueError(
+            f"{line!r}: {group}={value!r} is not an option of the {group!r} group; "
+            f"choose one of {list(options)} (only DeepSpeed workers exist here)"
+        )
     return line
 
 
 def load_config(
-    overrides: Sequence[str] = (), config_name: str = "ppo_trainer", environ: Optional[Mapping[str, str]] = None
+    overrides: Sequence[str] = (), config_name: str = "ppo_trainer", environ: Mapping[str, str] | None = None
 ) -> RunConfig:
     """Compose ``config_name`` with ``overrides``, validate it and resolve the environment knobs.
 
@@ -174,7 +186,11 @@ def load_config(
     composed = _compose(config_name, lines)
     cfg = _to_dataclasses(composed)
     notes += validate_run_config(cfg)
-    for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.critic.deepspeed_config, cfg.actor_rollout_ref.ref.deepspeed):
+    for ds in (
+        cfg.actor_rollout_ref.actor.deepspeed,
+        cfg.critic.deepspeed_config,
+        cfg.actor_rollout_ref.ref.deepspeed,
+    ):
         C.resolve_env_knobs(ds, environ)
     _fill_optimizer_steps(cfg)
     for note in notes:
@@ -197,9 +213,14 @@ def _deprecated_micro_keys(lines: list[str]) -> tuple[list[str], list[str]]:
 
 def _compose(config_name: str, lines: list[str]) -> Any:
     from hydra import compose, initialize
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    # A caller inside its own Hydra app (or a test using hydra.initialize) keeps its GlobalHydra:
+    # set it aside while composing ours and put it back after.
+    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
+    GlobalHydra.instance().clear()
     try:
         with initialize(version_base="1.3", config_path=None):
             return compose(config_name=config_name, overrides=lines)
@@ -209,6 +230,9 @@ def _compose(config_name: str, lines: list[str]) -> Any:
             raise ValueError(_one_line(str(e))) from None
         key = getattr(cause, "full_key", None)
         raise ValueError(f"{_one_line(str(e))}: {key + ': ' if key else ''}{_first_line(cause)}") from None
+    finally:
+        if outer is not None:
+            GlobalHydra.instance().initialize(outer)
 
 
 def _to_dataclasses(composed: Any) -> RunConfig:
@@ -220,15 +244,17 @@ def _to_dataclasses(composed: Any) -> RunConfig:
     except ConfigFieldError as e:
         raise ValueError(e.at(_locate_section(composed, "", e) or e.section)) from None
     except InterpolationResolutionError as e:
-        raise ValueError(f"{e.full_key}: {_first_line(e)} (an unexpanded shell variable? export it, or pass "
-                         "the value itself)") from None
+        raise ValueError(
+            f"{e.full_key}: {_first_line(e)} (an unexpanded shell variable? export it, or pass "
+            "the value itself)"
+        ) from None
     except OmegaConfBaseException as e:
         raise ValueError(f"{getattr(e, 'full_key', '')}: {_first_line(e)}") from None
     assert isinstance(cfg, RunConfig)
     return cfg
 
 
-def _locate_section(node: Any, path: str, err: ConfigFieldError) -> Optional[str]:
+def _locate_section(node: Any, path: str, err: ConfigFieldError) -> str | None:
     """The dotted path of the (deepest) section whose ``__post_init__`` raised ``err``."""
     from omegaconf import DictConfig, OmegaConf
 
@@ -269,18 +295,26 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
         roles.append(("critic", cfg.critic.ulysses_sequence_parallel_size))
     for role, sp in roles:
         if sp != 1:
-            raise ValueError(f"{ROLE_PREFIXES[role]}.ulysses_sequence_parallel_size={sp}: Ulysses sequence "
-                             "parallelism is not implemented for the DeepSpeed workers; set it to 1")
+            raise ValueError(
+                f"{ROLE_PREFIXES[role]}.ulysses_sequence_parallel_size={sp}: Ulysses sequence "
+                "parallelism is not implemented for the DeepSpeed workers; set it to 1"
+            )
 
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False:
-        raise ValueError("algorithm.adv_estimator=gae needs a critic but critic.enable=False; "
-                         "set critic.enable=True or algorithm.adv_estimator=grpo")
+        raise ValueError(
+            "algorithm.adv_estimator=gae needs a critic but critic.enable=False; "
+            "set critic.enable=True or algorithm.adv_estimator=grpo"
+        )
     if cfg.algorithm.adv_estimator == "grpo" and cfg.critic.enable:
-        notes.append("critic.enable=True with algorithm.adv_estimator=grpo: the critic is trained but GRPO "
-                     "advantages do not use its values")
+        notes.append(
+            "critic.enable=True with algorithm.adv_estimator=grpo: the critic is trained but GRPO "
+            "advantages do not use its values"
+        )
     if cfg.algorithm.adv_estimator == "grpo" and arr.rollout.n == 1:
-        notes.append("actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo: each group has one "
-                     "sample, so every advantage is 0; use rollout.n >= 2")
+        notes.append(
+            "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo: each group has one "
+            "sample, so every advantage is 0; use rollout.n >= 2"
+        )
 
     for role in ("actor", "critic") if use_critic else ("actor",):
         plan_role_batch(cfg, role)
@@ -292,14 +326,19 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             "actor_rollout_ref.actor.skip_inactive_micro_batches=True with world size "
             f"{world}: ranks would issue different collectives (the ZeRO-2 hang); it is allowed only at "
             "world size 1 (or with actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel=True to "
-            "reproduce the hang)")
+            "reproduce the hang)"
+        )
 
     if arr.rollout.name == "hf" and arr.rollout.tensor_model_parallel_size != 1:
-        raise ValueError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={arr.rollout.tensor_model_parallel_size}"
-                         " needs the vllm rollout; the hf rollout runs one replica per rank: set it to 1")
+        raise ValueError(
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={arr.rollout.tensor_model_parallel_size}"
+            " needs the vllm rollout; the hf rollout runs one replica per rank: set it to 1"
+        )
     if arr.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
-        msg = ("actor_rollout_ref.rollout.name=vllm needs the vllm package (pip install 'repro[vllm]'), "
-               "which is not installed; use actor_rollout_ref.rollout.name=hf")
+        msg = (
+            "actor_rollout_ref.rollout.name=vllm needs the vllm package (pip install 'repro[vllm]'), "
+            "which is not installed; use actor_rollout_ref.rollout.name=hf"
+        )
         if not dry:
             raise ValueError(msg)
         notes.append(msg + " (a real run fails here)")
@@ -312,10 +351,14 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
     for path, ds in sections:
         if ds.offload == "nvme":
             if ds.zero_stage != 3:
-                raise ValueError(f"{path}.offload=nvme needs {path}.zero_stage=3 (ZeRO-Infinity), got "
-                                 f"zero_stage={ds.zero_stage}; use {path}.offload=cpu at ZeRO-1/2")
+                raise ValueError(
+                    f"{path}.offload=nvme needs {path}.zero_stage=3 (ZeRO-Infinity), got "
+                    f"zero_stage={ds.zero_stage}; use {path}.offload=cpu at ZeRO-1/2"
+                )
             if not ds.offload_dir:
-                raise ValueError(f"{path}.offload=nvme needs {path}.offload_dir (a directory on an NVMe drive)")
+                raise ValueError(
+                    f"{path}.offload=nvme needs {path}.offload_dir (a directory on an NVMe drive)"
+                )
 
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
@@ -336,8 +379,10 @@ def _check_paths(cfg: RunConfig, use_critic: bool, dry: bool) -> list[str]:
         models.append(("critic.model", cfg.critic.model))
     for path, model in models:
         if model.path != "tiny" and not pathlib.Path(model.path).is_dir():
-            problems.append(f"{path}.path={model.path!r} is not a local directory (models are not downloaded "
-                            "here; use a local Hugging Face model directory or 'tiny')")
+            problems.append(
+                f"{path}.path={model.path!r} is not a local directory (models are not downloaded "
+                "here; use a local Hugging Face model directory or 'tiny')"
+            )
         if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).is_dir():
             problems.append(f"{path}.tokenizer_path={model.tokenizer_path!r} is not a local directory")
     for key in ("train_files", "val_files"):
@@ -345,8 +390,9 @@ def _check_paths(cfg: RunConfig, use_critic: bool, dry: bool) -> list[str]:
         files = [] if value is None else [value] if isinstance(value, str) else list(value)
         for f in files:
             if not pathlib.Path(str(f)).is_file():
-                problems.append(f"data.{key}: {str(f)!r} does not exist (leave it unset for the built-in "
-                                "arithmetic task)")
+                problems.append(
+                    f"data.{key}: {str(f)!r} does not exist (leave it unset for the built-in arithmetic task)"
+                )
     if problems and not dry:
         raise ValueError("; ".join(problems))
     return [p + " (a real run fails here)" for p in problems]

@@ -13,7 +13,6 @@ import json
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Optional
 
 USAGE = """usage: python -m repro.main_ppo [-cn ppo_trainer | --config-name ppo_trainer] [key=value ...]
 
@@ -47,14 +46,16 @@ def parse_argv(argv: Sequence[str]) -> tuple[str, list[str], list[str]]:
             else:
                 notes.append(f"{flag} {value}: ignored; the configs are built into repro (ConfigStore)")
         elif arg.startswith("-"):
-            raise ValueError(f"unknown option {arg!r}; only -cn/--config-name and key=value overrides are accepted")
+            raise ValueError(
+                f"unknown option {arg!r}; only -cn/--config-name and key=value overrides are accepted"
+            )
         else:
             overrides.append(arg)
         i += 1
     return config_name, overrides, notes
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if any(a in ("-h", "--help") for a in argv):

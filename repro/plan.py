@@ -1,14 +1,16 @@
 """The effective plan of a run: what each role gets (DeepSpeed JSON, batch split, env knobs).
 
-``python -m repro.main_ppo ... trainer.dry_run=true`` prints :func:`effective_plan`; the
-workers build their engines from :func:`role_ds_config`, so the dry run shows exactly the
-DeepSpeed config each role would get.
+``python -m repro.main_ppo ... trainer.dry_run=true`` prints :func:`effective_plan`.
+:func:`role_ds_config` calls ``repro.ds_config.build_ds_config`` with the arguments the workers'
+engines pass (the role's DeepSpeed section and optimizer, the role's batch plan, its clip value;
+the frozen reference policy with the actor's plan), so the dry run shows the DeepSpeed config each
+role gets.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 from repro.batching import RoleBatchPlan, plan_role_batch
 from repro.config import (
@@ -23,29 +25,38 @@ from repro.config import (
 
 ROLES = ("actor", "critic", "ref")
 # env knob -> the DeepSpeedConfig field it fills.
-ENV_KNOB_FIELDS = {ENV_PARAM_OFFLOAD: "param_offload", ENV_FP32_ACCUM: "fp32_grad_accum",
-                   ENV_STEP_EACH_MICRO: "step_each_micro"}
+ENV_KNOB_FIELDS = {
+    ENV_PARAM_OFFLOAD: "param_offload",
+    ENV_FP32_ACCUM: "fp32_grad_accum",
+    ENV_STEP_EACH_MICRO: "step_each_micro",
+}
 
 
 def resolve_on_cuda(cfg: RunConfig) -> bool:
-    """trainer.device: cuda, cpu, or auto (CUDA when torch sees a GPU)."""
+    """trainer.device: cuda, cpu, or auto (what the workers decide: CUDA unless DS_ACCELERATOR=cpu or no GPU)."""
     if cfg.trainer.device != "auto":
         return cfg.trainer.device == "cuda"
-    import torch
+    from repro.distributed import on_cpu
 
-    return torch.cuda.is_available()
+    return not on_cpu()
 
 
 def role_enabled(cfg: RunConfig, role: str) -> bool:
     """actor always; critic per :func:`critic_enabled`; ref with a KL loss or an in-reward KL."""
     if role not in ROLES:
         raise ValueError(f"role={role!r} is not valid; choose one of {list(ROLES)}")
-    return role == "actor" or (role == "critic" and critic_enabled(cfg)) or (role == "ref" and ref_policy_used(cfg))
+    return (
+        role == "actor"
+        or (role == "critic" and critic_enabled(cfg))
+        or (role == "ref" and ref_policy_used(cfg))
+    )
 
 
 def role_deepspeed_section(cfg: RunConfig, role: str) -> DeepSpeedConfig:
     arr = cfg.actor_rollout_ref
-    return {"actor": arr.actor.deepspeed, "critic": cfg.critic.deepspeed_config, "ref": arr.ref.deepspeed}[role]
+    return {"actor": arr.actor.deepspeed, "critic": cfg.critic.deepspeed_config, "ref": arr.ref.deepspeed}[
+        role
+    ]
 
 
 def role_batch_plan(cfg: RunConfig, role: str) -> RoleBatchPlan:
@@ -53,7 +64,7 @@ def role_batch_plan(cfg: RunConfig, role: str) -> RoleBatchPlan:
     return plan_role_batch(cfg, "critic" if role == "critic" else "actor")
 
 
-def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> Optional[dict[str, Any]]:
+def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any] | None:
     """The DeepSpeed JSON of ``role`` ("actor", "critic", "ref"), None when the role is not used."""
     from repro.ds_config import build_ds_config
 
@@ -66,10 +77,12 @@ def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> Optional[dict
     actor = cfg.actor_rollout_ref.actor
     if role == "actor":
         return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda)
-    return build_ds_config(ds, actor.optim, plan, grad_clip=0.0, on_cuda=on_cuda, trainable=False)
+    # Frozen: build_ds_config leaves out optimizer and scheduler; the clip value is the actor's, as the
+    # reference worker passes it.
+    return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, trainable=False)
 
 
-def effective_plan(cfg: RunConfig, *, on_cuda: Optional[bool] = None) -> dict[str, Any]:
+def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, Any]:
     """Everything a run would use, as JSON-ready data (``warnings`` holds the plan's own notes)."""
     from repro.ds_config import resolve_offload
 
@@ -112,13 +125,17 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
         zero = section["deepspeed"]["zero_optimization"]
         off = section["offload"]
         dtype = "bf16" if section["deepspeed"]["bf16"]["enabled"] else "fp32"
-        text = (f"{role}: ZeRO-{zero['stage']}, offload optimizer={off['optimizer']} param={off['param']}, "
-                f"{dtype}")
+        text = (
+            f"{role}: ZeRO-{zero['stage']}, offload optimizer={off['optimizer']} param={off['param']}, "
+            f"{dtype}"
+        )
         batch = plan["batch"].get(role)
         if batch:
-            text += (f"; world={batch['world']} dp={batch['dp']} sp={batch['sp']} per-rank mini={batch['per_rank_mini']}"
-                     f" micro={batch['micro']} GAS={batch['gas']} DeepSpeed train_batch_size={batch['train_batch_size']}"
-                     f" mini-batches/step={batch['num_mini_batches']}" + (" (dynamic)" if batch["dynamic"] else ""))
+            text += (
+                f"; world={batch['world']} dp={batch['dp']} sp={batch['sp']} per-rank mini={batch['per_rank_mini']}"
+                f" micro={batch['micro']} GAS={batch['gas']} DeepSpeed train_batch_size={batch['train_batch_size']}"
+                f" mini-batches/step={batch['num_mini_batches']}" + (" (dynamic)" if batch["dynamic"] else "")
+            )
         lines.append(text)
     lines.append("env knobs: " + " ".join(f"{k}={int(v)}" for k, v in plan["env_knobs"].items()))
     return lines

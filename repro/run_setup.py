@@ -43,7 +43,7 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     cfg = copy.deepcopy(cfg)
     models = [cfg.actor_rollout_ref.model, cfg.critic.model]
     if any(m.path == TINY for m in models):
-        from repro.data import ensure_tiny_policy
+        from repro.data.sft import ensure_tiny_policy
 
         tiny = str(ensure_tiny_policy())
         for m in models:
@@ -53,7 +53,7 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
         if not Path(m.path).is_dir():
             raise ValueError(f"model.path={m.path!r} is not a directory (use a Hugging Face model folder or 'tiny')")
     if cfg.data.train_files is None or cfg.data.val_files is None:
-        from repro.data import ensure_arith_parquet
+        from repro.data.arith import ensure_arith_parquet
         from repro.data.sft import cache_root
 
         train, val = ensure_arith_parquet(cache_root() / "arith" / f"seed{cfg.data.seed}", seed=cfg.data.seed)

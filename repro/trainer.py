@@ -77,7 +77,7 @@ class PPOTrainer:
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
         from transformers import AutoTokenizer
 
-        from repro.data.prompts import PromptDataset
+        from repro._prompt_adapter import PromptDataset
         from repro.rewards import get_reward_fn
 
         self.cfg, self.paths = cfg, paths

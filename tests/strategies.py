@@ -16,7 +16,11 @@ def batch_rules_hold(p) -> bool:
         return False
     dp = world // p.sp
     n = p.rollout_n
-    if (p.train_batch_size * n) % dp or (p.ppo_mini_batch_size * n) % dp or p.train_batch_size % p.ppo_mini_batch_size:
+    if (
+        (p.train_batch_size * n) % dp
+        or (p.ppo_mini_batch_size * n) % dp
+        or p.train_batch_size % p.ppo_mini_batch_size
+    ):
         return False
     if p.use_dynamic_bsz:
         return p.max_seq_len is None or p.ppo_max_token_len_per_gpu * p.sp >= p.max_seq_len
@@ -52,11 +56,17 @@ def valid_batch_params(draw, dynamic: bool | None = None):
     budget = draw(st.integers(-(-max_seq_len // sp), 4 * max_seq_len))
     legacy = not use_dynamic and draw(st.booleans())
     return BatchParams(
-        n_gpus_per_node=n_gpus, nnodes=nnodes, sp=sp, rollout_n=n, train_batch_size=mini * num_mini,
+        n_gpus_per_node=n_gpus,
+        nnodes=nnodes,
+        sp=sp,
+        rollout_n=n,
+        train_batch_size=mini * num_mini,
         ppo_mini_batch_size=mini,
         ppo_micro_batch_size_per_gpu=None if legacy else micro,
         ppo_micro_batch_size=micro * dp if legacy else None,
-        use_dynamic_bsz=use_dynamic, ppo_max_token_len_per_gpu=budget, max_seq_len=max_seq_len,
+        use_dynamic_bsz=use_dynamic,
+        ppo_max_token_len_per_gpu=budget,
+        max_seq_len=max_seq_len,
         prefix=draw(st.sampled_from(["actor_rollout_ref.actor", "critic"])),
     )
 
@@ -71,15 +81,80 @@ def any_batch_params(draw):
     micro = draw(st.integers(1, 16))
     max_seq_len = draw(st.integers(1, 2048))
     return BatchParams(
-        n_gpus_per_node=draw(st.integers(1, 8)), nnodes=draw(st.integers(1, 2)), sp=draw(st.integers(1, 4)),
-        rollout_n=draw(st.integers(1, 8)), train_batch_size=draw(st.integers(1, 128)),
+        n_gpus_per_node=draw(st.integers(1, 8)),
+        nnodes=draw(st.integers(1, 2)),
+        sp=draw(st.integers(1, 4)),
+        rollout_n=draw(st.integers(1, 8)),
+        train_batch_size=draw(st.integers(1, 128)),
         ppo_mini_batch_size=draw(st.integers(1, 64)),
         ppo_micro_batch_size_per_gpu=None if legacy else micro,
         ppo_micro_batch_size=micro if legacy else None,
-        use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=draw(st.integers(1, 4096)), max_seq_len=max_seq_len,
+        use_dynamic_bsz=dynamic,
+        ppo_max_token_len_per_gpu=draw(st.integers(1, 4096)),
+        max_seq_len=max_seq_len,
     )
 
 
 def token_lengths(max_len: int = 512, max_size: int = 64):
     """Per-sample token counts of one rank's batch (zero allowed: a fully masked sample)."""
     return st.lists(st.integers(0, max_len), min_size=0, max_size=max_size)
+
+
+# ---- worker batch splits (tests/distributed/workers) ---------------------------------------------
+
+
+@st.composite
+def worker_batch_splits(draw, dp: int) -> dict:
+    """One valid way to split an RL step for the DeepSpeed workers on ``dp`` ranks.
+
+    Varies rollout.n, the mini-batch (and so the number of mini-batches per step), fixed or
+    token-budget micro-batches, the loss aggregation, the ZeRO stage and the batch's lengths.
+    """
+    n = draw(st.sampled_from([1, 2, 3]))
+    mini = draw(st.sampled_from([m for m in (1, 2, 4) if (m * n) % dp == 0]))
+    per_step = draw(st.integers(1, 2))
+    per_rank_mini = mini * n // dp
+    dynamic = draw(st.booleans())
+    micro = (
+        None
+        if dynamic
+        else draw(st.sampled_from([d for d in range(1, per_rank_mini + 1) if per_rank_mini % d == 0]))
+    )
+    return {
+        "n": n,
+        "mini": mini,
+        "train_batch_size": mini * per_step,
+        "micro": micro,
+        "dynamic": dynamic,
+        "max_tokens": draw(st.integers(12, 30)),
+        "loss_agg_mode": draw(st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])),
+        "stage": draw(st.sampled_from([1, 2, 3])),
+        "seed": draw(st.integers(0, 10_000)),
+    }
+
+
+# ---- GSM8K answers and responses (repro.rewards.gsm8k, repro.data) -------------------------------
+
+
+def gsm8k_numbers():
+    """Final answers as GSM8K writes them: optional minus sign, digits, maybe a decimal part."""
+    return st.builds(
+        lambda neg, whole, frac: ("-" if neg else "") + str(whole) + (f".{frac}" if frac is not None else ""),
+        st.booleans(),
+        st.integers(0, 10**9),
+        st.none() | st.integers(1, 99),
+    )
+
+
+def response_prefix(max_size: int = 600):
+    """Free text a model may write before its final answer (any characters, digits included)."""
+    return st.text(max_size=max_size)
+
+
+def digit_free_text(min_size: int = 0, max_size: int = 600):
+    """Text with no digits, '.', ',' or '#': contributes no candidate answer."""
+    return st.text(
+        alphabet=st.characters(blacklist_categories=("Nd", "Cs"), blacklist_characters=".,#"),
+        min_size=min_size,
+        max_size=max_size,
+    )

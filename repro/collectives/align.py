@@ -96,7 +96,9 @@ def align_pair(
     i = j = 0
     while True:
         # Linear scan while both agree exactly (fingerprint and call site).
-        while i < len(a) and j < len(b) and a[i].fingerprint() == b[j].fingerprint() and a[i].site == b[j].site:
+        while (
+            i < len(a) and j < len(b) and a[i].fingerprint() == b[j].fingerprint() and a[i].site == b[j].site
+        ):
             matched.append((i, j))
             i, j = i + 1, j + 1
         if i == len(a) and j == len(b):
@@ -109,8 +111,14 @@ def align_pair(
                     continue
                 ca, cb = a[i + x], b[j + y]
                 return Divergence(
-                    kind="mismatch", group=ca.group, ranks=ca.ranks, rank_a=rank_a, rank_b=rank_b,
-                    call_a=ca, call_b=cb, differing=ca.differing_fields(cb),
+                    kind="mismatch",
+                    group=ca.group,
+                    ranks=ca.ranks,
+                    rank_a=rank_a,
+                    rank_b=rank_b,
+                    call_a=ca,
+                    call_b=cb,
+                    differing=ca.differing_fields(cb),
                     before=_context(a, b, matched, context),
                 )
             # A run of calls present on one side only: that side issued extra calls, or the
@@ -127,8 +135,13 @@ def align_pair(
             resumes = any(sx is not None and sy is not None for sx, sy in steps[k + len(extra) :])
             here, there = (rank_a, rank_b) if on_a else (rank_b, rank_a)
             return Divergence(
-                kind="extra" if resumes else "stopped", group=extra[0].group, ranks=extra[0].ranks,
-                rank_a=here, rank_b=there, call_a=extra[0], extra_calls=extra,
+                kind="extra" if resumes else "stopped",
+                group=extra[0].group,
+                ranks=extra[0].ranks,
+                rank_a=here,
+                rank_b=there,
+                call_a=extra[0],
+                extra_calls=extra,
                 last_b=None if resumes else (last_b if on_a else last_a),
                 before=_context(a, b, matched, context),
             )
@@ -154,11 +167,16 @@ def first_divergence(traces: dict[int, RankTrace], context: int = 3) -> Divergen
         for other in members[1:]:
             seq_other = traces[other].collectives(key)
             d = align_pair(
-                seq_ref, seq_other, ref, other,
-                last_a=traces[ref].last_call, last_b=traces[other].last_call, context=context,
+                seq_ref,
+                seq_other,
+                ref,
+                other,
+                last_a=traces[ref].last_call,
+                last_b=traces[other].last_call,
+                context=context,
             )
             if d is not None:
                 found.append(d)
     if not found:
         return None
-    return min(found, key=lambda d: (d.call_a.t if d.call_a else float("inf")))
+    return min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))

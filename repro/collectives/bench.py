@@ -65,6 +65,18 @@ def _per_call(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, floa
     return {m: statistics.median(v) for m, v in samples.items()}
 
 
+def _record_cpu_us(device: Any, tmp: str, n: int = 2000) -> float:
+    """Tracer CPU work per call in record mode (describe, call site, two file writes), no collective."""
+    import torch
+
+    t = torch.ones(1, device=device)
+    with _traced("record", os.path.join(tmp, "cpu")) as tracer:
+        start = time.perf_counter()
+        for _ in range(n):
+            tracer.after(tracer.before("all_reduce", (t,), {}))
+        return (time.perf_counter() - start) / n * 1e6
+
+
 def _time_to_report(device: Any, tmp: str, crossed: bool) -> float:
     import torch
     import torch.distributed as dist
@@ -94,9 +106,15 @@ def _zero2_steps(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, A
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     cfg = Qwen3Config(
-        vocab_size=args.vocab, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, max_position_embeddings=max(args.seq, 128), tie_word_embeddings=True,
+        vocab_size=args.vocab,
+        hidden_size=args.hidden_size,
+        intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_position_embeddings=max(args.seq, 128),
+        tie_word_embeddings=True,
     )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg)
@@ -138,12 +156,21 @@ def _zero2_steps(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, A
             if tracer is not None:
                 calls[mode] = tracer._index
     med = {m: statistics.median(v) for m, v in times.items()}
-    return {"step_s": med, "collectives_per_step": calls.get("record"), "params": sum(p.numel() for p in model.parameters())}
+    return {
+        "step_s": med,
+        "collectives_per_step": calls.get("record"),
+        "params": sum(p.numel() for p in model.parameters()),
+    }
 
 
 def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.nproc),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(args.nproc),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     if args.backend == "gloo":
         os.environ["DS_ACCELERATOR"] = "cpu"
     import torch
@@ -153,10 +180,16 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
 
     init_distributed(timeout_s=300)
     device = torch.device("cuda", rank) if args.backend == "nccl" else torch.device("cpu")
-    results: dict[str, Any] = {"backend": dist.get_backend(), "nproc": args.nproc, "numel": args.numel,
-                               "iters": args.iters, "rounds": args.rounds}
+    results: dict[str, Any] = {
+        "backend": dist.get_backend(),
+        "nproc": args.nproc,
+        "numel": args.numel,
+        "iters": args.iters,
+        "rounds": args.rounds,
+    }
     with tempfile.TemporaryDirectory(prefix="ct_bench_") as tmp:
         results["per_call_us"] = _per_call(args, device, tmp)
+        results["record_cpu_us"] = _record_cpu_us(device, tmp)
         results["report_s"] = {
             "size_mismatch": _time_to_report(device, tmp, crossed=False),
             "crossed_groups": _time_to_report(device, tmp, crossed=True),
@@ -174,12 +207,16 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
 
 def _table(r: dict[str, Any]) -> str:
     base = r["per_call_us"]["off"]
-    lines = [f"backend {r['backend']}, {r['nproc']} ranks, all_reduce of {r['numel']} elements, "
-             f"median of {r['rounds']} rounds x {r['iters']} calls",
-             "| mode | us per call | vs off |", "| --- | --- | --- |"]
+    lines = [
+        f"backend {r['backend']}, {r['nproc']} ranks, all_reduce of {r['numel']} elements, "
+        f"median of {r['rounds']} rounds x {r['iters']} calls",
+        "| mode | us per call | vs off |",
+        "| --- | --- | --- |",
+    ]
     for m in MODES:
         v = r["per_call_us"][m]
         lines.append(f"| {m if m != 'every' else 'check=every'} | {v:.1f} | {v / base:.2f}x |")
+    lines.append(f"tracer CPU work per call in record mode (no collective): {r['record_cpu_us']:.1f} us")
     lines.append("")
     lines.append("| divergence | time from divergent call to report, per rank (s) |")
     lines.append("| --- | --- |")
@@ -188,8 +225,12 @@ def _table(r: dict[str, Any]) -> str:
     if "zero2" in r:
         z = r["zero2"]
         off = z["step_s"]["off"]
-        lines += ["", f"ZeRO-2 step ({z['params'] / 1e6:.1f} M params, {z['collectives_per_step']} traced calls per step)",
-                  "| mode | step s | vs off |", "| --- | --- | --- |"]
+        lines += [
+            "",
+            f"ZeRO-2 step ({z['params'] / 1e6:.1f} M params, {z['collectives_per_step']} traced calls per step)",
+            "| mode | step s | vs off |",
+            "| --- | --- | --- |",
+        ]
         lines += [f"| {m} | {z['step_s'][m]:.4f} | {z['step_s'][m] / off:.3f}x |" for m in MODES]
     return "\n".join(lines)
 
@@ -217,7 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     z.add_argument("--steps", type=int, default=5, help="measured steps per mode")
     z.add_argument("--warmup", type=int, default=2)
     z.add_argument("--grad-ckpt", action=argparse.BooleanOptionalAction, default=True)
-    z.add_argument("--fused-adam", action="store_true", help="DeepSpeed FusedAdam (JIT build) instead of torch AdamW")
+    z.add_argument(
+        "--fused-adam", action="store_true", help="DeepSpeed FusedAdam (JIT build) instead of torch AdamW"
+    )
     args = p.parse_args(argv)
     if args.nproc < 2:
         p.error("--nproc must be >= 2 (the divergence part needs two ranks)")

@@ -114,7 +114,7 @@ class Checker:
             crossed.before = [(c, None) for c in previous]
             self._fail(crossed, tracer)
         calls = {rec.rank: rec}
-        for r, raw in zip(peers, store.multi_get(peer_keys)):
+        for r, raw in zip(peers, store.multi_get(peer_keys), strict=False):
             calls[r] = CallRecord.from_json(json.loads(raw))
         old = self._previous_key.get(rec.group)
         if old is not None:
@@ -178,7 +178,7 @@ class Checker:
         cannot reach it while it waits here, so the wait is a certain deadlock.
         """
         store = self._store
-        for r, k in zip(peers, peer_keys):
+        for r, k in zip(peers, peer_keys, strict=False):
             if store.check([k]) or not store.check([self._last_key(r)]):
                 continue
             theirs = CallRecord.from_json(json.loads(store.get(self._last_key(r))))
@@ -189,15 +189,21 @@ class Checker:
             if tracer.group_seq(theirs.group) < theirs.group_seq:
                 a, b = (rec, theirs) if rec.rank < r else (theirs, rec)
                 return Divergence(
-                    kind="mismatch", group=a.group, ranks=a.ranks, rank_a=a.rank, rank_b=b.rank,
-                    call_a=a, call_b=b, differing=a.differing_fields(b),
+                    kind="mismatch",
+                    group=a.group,
+                    ranks=a.ranks,
+                    rank_a=a.rank,
+                    rank_b=b.rank,
+                    call_a=a,
+                    call_b=b,
+                    differing=a.differing_fields(b),
                     source=f"check ({self.mode.text}) on rank {rec.rank}: crossed waits, a certain deadlock",
                 )
         return None
 
     def _timeout_divergence(self, rec: CallRecord, peers: list[int], peer_keys: list[str]) -> Divergence:
         store = self._store
-        missing = [r for r, k in zip(peers, peer_keys) if not store.check([k])]
+        missing = [r for r, k in zip(peers, peer_keys, strict=False) if not store.check([k])]
         late = missing[0] if missing else peers[0]
         last = None
         if store.check([self._last_key(late)]):

@@ -38,7 +38,9 @@ def to_chrome_trace(traces: dict[int, RankTrace], divergence: Divergence | None)
             if key not in tids:
                 tids[key] = len(tids)
                 label = "p2p" if key == "p2p" else f"group {key} {list(c.ranks)}"
-                events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[key], "args": {"name": label}})
+                events.append(
+                    {"ph": "M", "name": "thread_name", "pid": rank, "tid": tids[key], "args": {"name": label}}
+                )
             end = c.t_end if c.t_end is not None else t_last
             ev = {
                 "ph": "X",
@@ -49,8 +51,14 @@ def to_chrome_trace(traces: dict[int, RankTrace], divergence: Divergence | None)
                 "ts": (c.t - t0) * 1e6,
                 "dur": max((end - c.t) * 1e6, 1.0),
                 "args": {
-                    "seq": c.group_seq, "numel": c.numel, "dtype": c.dtype, "site": c.site,
-                    "library_site": c.lib_site, "root": c.root, "peer": c.peer, "reduce_op": c.redop,
+                    "seq": c.group_seq,
+                    "numel": c.numel,
+                    "dtype": c.dtype,
+                    "site": c.site,
+                    "library_site": c.lib_site,
+                    "root": c.root,
+                    "peer": c.peer,
+                    "reduce_op": c.redop,
                 },
             }
             if (rank, c.index) in marked:
@@ -62,11 +70,22 @@ def to_chrome_trace(traces: dict[int, RankTrace], divergence: Divergence | None)
         text = headline(divergence)
         meta["divergence"] = text
         at = divergence.call_a.t if divergence.call_a else t0
-        events.append({"ph": "i", "s": "g", "name": f"DIVERGENCE: {text}", "pid": divergence.rank_a, "tid": 0,
-                       "ts": (at - t0) * 1e6, "cname": "terrible"})
+        events.append(
+            {
+                "ph": "i",
+                "s": "g",
+                "name": f"DIVERGENCE: {text}",
+                "pid": divergence.rank_a,
+                "tid": 0,
+                "ts": (at - t0) * 1e6,
+                "cname": "terrible",
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms", "metadata": meta}
 
 
-def write_chrome_trace(traces: dict[int, RankTrace], divergence: Divergence | None, path: pathlib.Path) -> None:
+def write_chrome_trace(
+    traces: dict[int, RankTrace], divergence: Divergence | None, path: pathlib.Path
+) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(to_chrome_trace(traces, divergence)))

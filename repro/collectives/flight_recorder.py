@@ -24,8 +24,16 @@ from repro.collectives.events import CallRecord, RankTrace
 
 # Flight Recorder stores c10d ScalarType names.
 _DTYPES = {
-    "Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
-    "Int": "int32", "Long": "int64", "Short": "int16", "Char": "int8", "Byte": "uint8", "Bool": "bool",
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Int": "int32",
+    "Long": "int64",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
 }
 _TRAILING_INT = re.compile(r"(\d+)(\.\w+)?$")
 _P2P = {"send", "recv", "isend", "irecv"}
@@ -52,7 +60,9 @@ def _ranks_of(dump: dict[str, Any], pg_name: str, pg_desc: str) -> tuple[int, ..
     configs = dump.get("pg_config", {})
     cfg = configs.get(pg_name)
     if cfg is None:
-        cfg = next((c for c in configs.values() if c.get("desc") == pg_desc or c.get("name") == pg_name), None)
+        cfg = next(
+            (c for c in configs.values() if c.get("desc") == pg_desc or c.get("name") == pg_name), None
+        )
     if cfg is None and len(configs) == 1:
         cfg = next(iter(configs.values()))
     if cfg is None:
@@ -63,7 +73,9 @@ def _ranks_of(dump: dict[str, Any], pg_name: str, pg_desc: str) -> tuple[int, ..
 
 def dump_to_trace(dump: dict[str, Any], rank: int, source: str = "") -> RankTrace:
     """Convert one rank's dump into the record model used by the aligner."""
-    trace = RankTrace(rank=rank, source=source, meta={"format": "flight_recorder", "version": dump.get("version")})
+    trace = RankTrace(
+        rank=rank, source=source, meta={"format": "flight_recorder", "version": dump.get("version")}
+    )
     entries = sorted(dump["entries"], key=lambda e: (e.get("time_created_ns") or 0, e.get("record_id", 0)))
     for idx, e in enumerate(entries, start=1):
         backend, _, op = str(e.get("profiling_name", "")).rpartition(":")
@@ -74,7 +86,9 @@ def dump_to_trace(dump: dict[str, Any], rank: int, source: str = "") -> RankTrac
         trace.groups.setdefault(group, ranks)
         sizes = e.get("input_sizes") or []
         dtypes = e.get("input_dtypes") or []
-        frames = [(f.get("filename", ""), int(f.get("line", 0)), f.get("name", "")) for f in e.get("frames", [])]
+        frames = [
+            (f.get("filename", ""), int(f.get("line", 0)), f.get("name", "")) for f in e.get("frames", [])
+        ]
         site, lib_site = sites_from_frames(frames)
         is_p2p = bool(e.get("is_p2p")) or op in _P2P
         created = e.get("time_created_ns")

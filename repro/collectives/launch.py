@@ -46,16 +46,24 @@ def launch(
     for rank in range(nproc):
         env = dict(os.environ)
         env.update(
-            RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nproc),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            REPRO_COLLECTIVES_TRACE=str(out_dir), REPRO_COLLECTIVES_CHECK=check,
+            RANK=str(rank),
+            WORLD_SIZE=str(nproc),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(nproc),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            REPRO_COLLECTIVES_TRACE=str(out_dir),
+            REPRO_COLLECTIVES_CHECK=check,
             REPRO_COLLECTIVES_TIMEOUT_S=str(timeout_s),
         )
         log = open(out_dir / f"rank{rank}.log", "w")
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "repro.collectives_trace", "run", script, *script_args],
-                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         )
         log.close()

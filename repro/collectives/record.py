@@ -22,7 +22,8 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,19 +37,82 @@ _T, _L, _O, _P = "tensor", "list", "object", "p2p_list"
 OP_SPECS: dict[str, tuple[tuple[str, ...], str | None, str, str | None, str | None, str | None]] = {
     "all_reduce": (("tensor", "op", "group", "async_op"), "tensor", _T, None, None, "op"),
     "all_reduce_coalesced": (("tensors", "op", "group", "async_op"), "tensors", _L, None, None, "op"),
-    "reduce": (("tensor", "dst", "op", "group", "async_op", "group_dst"), "tensor", _T, "dst", "group_dst", "op"),
-    "broadcast": (("tensor", "src", "group", "async_op", "group_src"), "tensor", _T, "src", "group_src", None),
+    "reduce": (
+        ("tensor", "dst", "op", "group", "async_op", "group_dst"),
+        "tensor",
+        _T,
+        "dst",
+        "group_dst",
+        "op",
+    ),
+    "broadcast": (
+        ("tensor", "src", "group", "async_op", "group_src"),
+        "tensor",
+        _T,
+        "src",
+        "group_src",
+        None,
+    ),
     "all_gather": (("tensor_list", "tensor", "group", "async_op"), "tensor", _T, None, None, None),
-    "all_gather_into_tensor": (("output_tensor", "input_tensor", "group", "async_op"), "input_tensor", _T, None, None, None),
-    "_all_gather_base": (("output_tensor", "input_tensor", "group", "async_op"), "input_tensor", _T, None, None, None),
-    "all_gather_coalesced": (("output_tensor_lists", "input_tensor_list", "group", "async_op"), "input_tensor_list", _L, None, None, None),
-    "gather": (("tensor", "gather_list", "dst", "group", "async_op", "group_dst"), "tensor", _T, "dst", "group_dst", None),
-    "scatter": (("tensor", "scatter_list", "src", "group", "async_op", "group_src"), "tensor", _T, "src", "group_src", None),
+    "all_gather_into_tensor": (
+        ("output_tensor", "input_tensor", "group", "async_op"),
+        "input_tensor",
+        _T,
+        None,
+        None,
+        None,
+    ),
+    "_all_gather_base": (
+        ("output_tensor", "input_tensor", "group", "async_op"),
+        "input_tensor",
+        _T,
+        None,
+        None,
+        None,
+    ),
+    "all_gather_coalesced": (
+        ("output_tensor_lists", "input_tensor_list", "group", "async_op"),
+        "input_tensor_list",
+        _L,
+        None,
+        None,
+        None,
+    ),
+    "gather": (
+        ("tensor", "gather_list", "dst", "group", "async_op", "group_dst"),
+        "tensor",
+        _T,
+        "dst",
+        "group_dst",
+        None,
+    ),
+    "scatter": (
+        ("tensor", "scatter_list", "src", "group", "async_op", "group_src"),
+        "tensor",
+        _T,
+        "src",
+        "group_src",
+        None,
+    ),
     "reduce_scatter": (("output", "input_list", "op", "group", "async_op"), "output", _T, None, None, "op"),
     "reduce_scatter_tensor": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
     "_reduce_scatter_base": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
-    "all_to_all": (("output_tensor_list", "input_tensor_list", "group", "async_op"), "input_tensor_list", _L, None, None, None),
-    "all_to_all_single": (("output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"), "input", _T, None, None, None),
+    "all_to_all": (
+        ("output_tensor_list", "input_tensor_list", "group", "async_op"),
+        "input_tensor_list",
+        _L,
+        None,
+        None,
+        None,
+    ),
+    "all_to_all_single": (
+        ("output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"),
+        "input",
+        _T,
+        None,
+        None,
+        None,
+    ),
     "barrier": (("group", "async_op", "device_ids", "timeout"), None, _O, None, None, None),
     "monitored_barrier": (("group", "timeout", "wait_all_ranks"), None, _O, None, None, None),
     "send": (("tensor", "dst", "group", "tag", "group_dst"), "tensor", _T, "dst", "group_dst", None),
@@ -56,12 +120,47 @@ OP_SPECS: dict[str, tuple[tuple[str, ...], str | None, str, str | None, str | No
     "recv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
     "irecv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
     "batch_isend_irecv": (("p2p_op_list",), "p2p_op_list", _P, None, None, None),
-    "broadcast_object_list": (("object_list", "src", "group", "device", "group_src"), None, _O, "src", "group_src", None),
+    "broadcast_object_list": (
+        ("object_list", "src", "group", "device", "group_src"),
+        None,
+        _O,
+        "src",
+        "group_src",
+        None,
+    ),
     "all_gather_object": (("object_list", "obj", "group"), None, _O, None, None, None),
-    "gather_object": (("obj", "object_gather_list", "dst", "group", "group_dst"), None, _O, "dst", "group_dst", None),
-    "scatter_object_list": (("scatter_object_output_list", "scatter_object_input_list", "src", "group", "group_src"), None, _O, "src", "group_src", None),
-    "send_object_list": (("object_list", "dst", "group", "device", "group_dst", "use_batch"), None, _O, "dst", "group_dst", None),
-    "recv_object_list": (("object_list", "src", "group", "device", "group_src", "use_batch"), None, _O, "src", "group_src", None),
+    "gather_object": (
+        ("obj", "object_gather_list", "dst", "group", "group_dst"),
+        None,
+        _O,
+        "dst",
+        "group_dst",
+        None,
+    ),
+    "scatter_object_list": (
+        ("scatter_object_output_list", "scatter_object_input_list", "src", "group", "group_src"),
+        None,
+        _O,
+        "src",
+        "group_src",
+        None,
+    ),
+    "send_object_list": (
+        ("object_list", "dst", "group", "device", "group_dst", "use_batch"),
+        None,
+        _O,
+        "dst",
+        "group_dst",
+        None,
+    ),
+    "recv_object_list": (
+        ("object_list", "src", "group", "device", "group_src", "use_batch"),
+        None,
+        _O,
+        "src",
+        "group_src",
+        None,
+    ),
 }
 _PEER_OPS = frozenset({"send", "isend", "recv", "irecv", "send_object_list", "recv_object_list"})
 # DeepSpeed's TorchBackend keeps these torch functions as attributes chosen at start-up.
@@ -153,7 +252,7 @@ class Tracer:
     def describe(self, op: str, args: tuple, kwargs: dict) -> CallRecord | None:
         """The record of a call about to be made, or None when this rank is not in its group."""
         names, tensor_param, count, root_param, group_root_param, redop_param = OP_SPECS[op]
-        params = dict(zip(names, args))
+        params = dict(zip(names, args, strict=False))
         params.update(kwargs)
         numel, dtype, detail = 0, "", []
         value = params.get(tensor_param) if tensor_param else None
@@ -175,7 +274,8 @@ class Tracer:
         if redop is None and redop_param:
             redop = "SUM"
         size_free = op in SIZE_FREE_OPS or (
-            op == "all_to_all_single" and (params.get("input_split_sizes") or params.get("output_split_sizes"))
+            op == "all_to_all_single"
+            and (params.get("input_split_sizes") or params.get("output_split_sizes"))
         )
         is_p2p = op in _PEER_OPS or op == "batch_isend_irecv"
         if not is_p2p:

@@ -88,7 +88,12 @@ def format_divergence(d: Divergence) -> str:
         ("dtype", lambda c: c.dtype),
         ("reduce", lambda c: c.redop or "-"),
         ("root", lambda c: "-" if c.root is None else str(c.root)),
-        ("seq", lambda c: f"#{c.group_seq} on group {c.group}" if c.group_seq is not None else f"p2p peer {c.peer}"),
+        (
+            "seq",
+            lambda c: (
+                f"#{c.group_seq} on group {c.group}" if c.group_seq is not None else f"p2p peer {c.peer}"
+            ),
+        ),
         ("site", lambda c: c.site),
         ("library", lambda c: c.lib_site or "-"),
         ("returned", lambda c: "yes" if c.t_end is not None else "no / unknown"),
@@ -96,7 +101,7 @@ def format_divergence(d: Divergence) -> str:
     values_left = [f(left) if left else "-" for _, f in cols]
     width = max(len(f"rank {d.rank_a}"), *(len(v) for v in values_left))
     lines.append(_row("", f"rank {d.rank_a}", right_title, width))
-    for (label, f), lv in zip(cols, values_left):
+    for (label, f), lv in zip(cols, values_left, strict=False):
         mark = "*" if d.kind == "mismatch" and label in d.differing else " "
         lines.append(_row(label + mark, lv, f(right) if right else "-", width))
     if len(d.extra_calls) > 1:
@@ -137,13 +142,22 @@ def divergence_to_json(d: Divergence) -> dict[str, Any]:
 
 def divergence_from_json(d: dict[str, Any]) -> Divergence:
     """Inverse of :func:`divergence_to_json` (used for check failures read back from trace files)."""
+
     def call(x: dict[str, Any] | None) -> CallRecord | None:
         return None if x is None else CallRecord.from_json(x)
 
     return Divergence(
-        kind=d["kind"], group=d["group"], ranks=tuple(d["ranks"]), rank_a=d["rank_a"], rank_b=d["rank_b"],
-        call_a=call(d["call_a"]), call_b=call(d["call_b"]), differing=list(d["differing"]),
-        extra_calls=[CallRecord.from_json(x) for x in d["extra_calls"]], last_b=call(d["last_b"]),
-        missing_ranks=list(d["missing_ranks"]), before=[(call(a), call(b)) for a, b in d["before"]],
+        kind=d["kind"],
+        group=d["group"],
+        ranks=tuple(d["ranks"]),
+        rank_a=d["rank_a"],
+        rank_b=d["rank_b"],
+        call_a=call(d["call_a"]),
+        call_b=call(d["call_b"]),
+        differing=list(d["differing"]),
+        extra_calls=[CallRecord.from_json(x) for x in d["extra_calls"]],
+        last_b=call(d["last_b"]),
+        missing_ranks=list(d["missing_ranks"]),
+        before=[(call(a), call(b)) for a, b in d["before"]],
         source=d["source"],
     )

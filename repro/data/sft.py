@@ -121,7 +121,7 @@ def _sft_batch(tok: Any, problems: Sequence[arith.Problem], device: torch.device
     ids = torch.full((len(seqs), width), tok.pad_token_id, dtype=torch.long)
     mask = torch.zeros_like(ids)
     lab = torch.full_like(ids, -100)
-    for i, (s, y) in enumerate(zip(seqs, labels)):
+    for i, (s, y) in enumerate(zip(seqs, labels, strict=True)):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
         lab[i, : len(y)] = torch.tensor(y)
@@ -147,10 +147,14 @@ def greedy_completions(model: torch.nn.Module, tok: Any, prompts: Sequence[str],
         ids = torch.tensor([encoded[i] for i in idx], device=device)
         start = ids.shape[1]
         done = torch.zeros(len(idx), dtype=torch.bool, device=device)
+        step_in, past = ids, None
         for _ in range(max_new_tokens):
-            nxt = model(input_ids=ids).logits[:, -1].argmax(-1)
+            res = model(input_ids=step_in, past_key_values=past, use_cache=True)
+            past = res.past_key_values
+            nxt = res.logits[:, -1].argmax(-1)
             nxt = torch.where(done, torch.full_like(nxt, tok.eos_token_id), nxt)
             ids = torch.cat([ids, nxt[:, None]], dim=1)
+            step_in = nxt[:, None]
             done |= nxt == tok.eos_token_id
             if bool(done.all()):
                 break
@@ -168,13 +172,26 @@ def greedy_accuracy(model: torch.nn.Module, tok: Any, problems: Sequence[arith.P
     """Share of problems whose greedy completion gets strict GSM8K reward 1."""
     longest = max(len(arith.answer(p)) for p in problems)
     texts = greedy_completions(model, tok, [arith.question(p) for p in problems], longest + 2, device)
-    return sum(compute_score(t, str(sum(p))) == 1.0 for t, p in zip(texts, problems)) / len(problems)
+    return sum(compute_score(t, str(sum(p))) == 1.0 for t, p in zip(texts, problems, strict=True)) / len(problems)
 
 
 def train_tiny_policy(recipe: SFTRecipe, out_dir: str | os.PathLike[str],
                       device: torch.device | None = None) -> dict[str, Any]:
     """Build, warm-start and save the tiny policy into ``out_dir``; returns the report dict."""
     device = device or default_device()
+    if device.type == "cpu":
+        # One thread: results do not depend on the host's core count, and on a shared machine
+        # a second contended thread costs more than it gains for a 1 M-parameter model.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            return _train(recipe, Path(out_dir), device)
+        finally:
+            torch.set_num_threads(threads)
+    return _train(recipe, Path(out_dir), device)
+
+
+def _train(recipe: SFTRecipe, out: Path, device: torch.device) -> dict[str, Any]:
     t0 = time.perf_counter()
     tok = build_tokenizer()
     config = tiny_config(len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, recipe.shape)
@@ -215,7 +232,6 @@ def train_tiny_policy(recipe: SFTRecipe, out_dir: str | os.PathLike[str],
             history.append((step, greedy_accuracy(model, tok, held_out, device)))
             log.info("tiny-policy SFT step %d loss %.4f held-out accuracy %.3f (%.1f s)",
                      step, loss_value, history[-1][1], time.perf_counter() - t0)
-    out = Path(out_dir)
     save_model(model.to("cpu"), out)
     tok.save_pretrained(out)
     report = {

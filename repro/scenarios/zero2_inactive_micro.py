@@ -75,7 +75,9 @@ def micro_batches(rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def masked_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Next-token cross-entropy averaged over active tokens; an exact 0 (with a graph) when none are."""
-    nll = nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none")
+    nll = nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none"
+    )
     m = mask[:, 1:].reshape(-1)
     return (nll * m).sum() / m.sum().clamp(min=1.0)
 

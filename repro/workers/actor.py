@@ -203,6 +203,8 @@ class ActorWorker:
         metrics["actor/lr"] = results[-1].lr if results else self.engine.current_lr()
         metrics["actor/skipped_steps"] = float(len(results) - len(applied))
         metrics["actor/num_updates"] = float(len(results))
+        if self.skip_inactive:
+            metrics["actor/inactive_micro_batches_skipped"] = float(sum(r.micro_batches_skipped for r in results))
         metrics.update(memory_metrics())
         return metrics
 

@@ -144,6 +144,8 @@ class StepResult:
     """True when no update was applied (non-finite grad norm, or no active micro-batch)."""
     stats: list[dict[str, float]] = field(default_factory=list)
     """The loss function's statistics, one dict per micro-batch that ran."""
+    micro_batches_skipped: int = 0
+    """Micro-batches whose forward/backward was skipped as inactive."""
 
 
 def all_reduce_counts(values: Sequence[float], op: str = "sum") -> list[float]:
@@ -183,6 +185,8 @@ class RoleEngine:
         )
         self.device = device()
         self.loaded_step: int | None = None
+        self.before_step: Callable[[RoleEngine], None] | None = None
+        """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         """Step of the checkpoint this process loaded (never pruned by a later save)."""
         self.engine: Any = None
         if self.trainable:
@@ -222,7 +226,7 @@ class RoleEngine:
         run = [i for i in range(len(micro_batches)) if not (inactive and inactive[i])]
         lr = self.current_lr()
         if not run:
-            return StepResult(grad_norm=float("nan"), lr=lr, skipped=True)
+            return StepResult(grad_norm=float("nan"), lr=lr, skipped=True, micro_batches_skipped=len(micro_batches))
         self.module.train()
         skipped_before = engine.skipped_steps
         stats = []
@@ -232,6 +236,8 @@ class RoleEngine:
             loss, micro_stats = loss_fn(micro_batches[i])
             engine.backward(loss, scale_wrt_gas=False)
             stats.append(micro_stats)
+            if i == run[-1] and self.before_step is not None:
+                self.before_step(self)
             if self.step_each_micro:
                 engine.step()
         if not self.step_each_micro:
@@ -240,4 +246,5 @@ class RoleEngine:
         norm = engine.get_global_grad_norm()
         grad_norm = float(norm.item() if torch.is_tensor(norm) else norm) if norm is not None else float("nan")
         skipped = engine.skipped_steps > skipped_before or not math.isfinite(grad_norm)
-        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, stats=stats)
+        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, stats=stats,
+                          micro_batches_skipped=len(micro_batches) - len(run))

@@ -24,21 +24,21 @@ def _diverge(kind: str, rank: int) -> None:
     import torch.distributed as dist
 
     if kind == "size":
-        dist.all_reduce(torch.ones(1 if rank == 0 else 8))
+        dist.all_reduce(torch.ones(1 if rank == 0 else 8))  # site:size
     elif kind == "dtype":
-        dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32))
+        dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32))  # site:dtype
     elif kind == "op":
         if rank == 0:
-            dist.all_reduce(torch.ones(4))
+            dist.all_reduce(torch.ones(4))  # site:op0
         else:
-            dist.broadcast(torch.ones(4), src=0)
+            dist.broadcast(torch.ones(4), src=0)  # site:op1
     elif kind == "extra":
         if rank == 0:
-            dist.barrier()  # the extra call
-        dist.all_reduce(torch.ones(4))
+            dist.barrier()  # site:extra0 (the extra call)
+        dist.all_reduce(torch.ones(4))  # site:extra1
     elif kind == "missing":
         if rank == 0:
-            dist.all_reduce(torch.ones(4))  # rank 1 never issues this one
+            dist.all_reduce(torch.ones(4))  # site:missing (rank 1 never issues this one)
     else:
         raise AssertionError(kind)
 
@@ -57,33 +57,40 @@ def _check_rank(rank: int, world_size: int, kind: str, out_dir: str, timeout_s: 
             start = time.monotonic()
             _diverge(kind, rank)
     except CollectiveMismatchError as exc:
-        return {"raised": True, "report": exc.report, "json": divergence_to_json(exc.divergence),
-                "elapsed": time.monotonic() - start}
+        return {
+            "raised": True,
+            "report": exc.report,
+            "json": divergence_to_json(exc.divergence),
+            "elapsed": time.monotonic() - start,
+        }
     return {"raised": False, "elapsed": time.monotonic() - start}
 
 
-def _site_line(fragment: str) -> str:
-    """``test_collectives_trace.py:<line> _diverge`` for the source line containing ``fragment``."""
+def _site_line(marker: str) -> str:
+    """``test_collectives_trace.py:<line> _diverge`` for the line of ``_diverge`` tagged ``# site:<marker>``."""
     lines = pathlib.Path(__file__).read_text().splitlines()
-    hits = [i + 1 for i, line in enumerate(lines) if fragment in line and "def " not in line]
-    assert hits, fragment
+    hits = [
+        i + 1
+        for i, line in enumerate(lines)
+        if line.split("# site:")[-1].split(" ")[0] == marker and "# site:" in line
+    ]
+    assert len(hits) == 1, (marker, hits)
     return f"test_collectives_trace.py:{hits[0]} _diverge"
 
 
 @pytest.mark.parametrize(
     ("kind", "differing", "site0", "site1"),
     [
-        ("size", ["numel"], "dist.all_reduce(torch.ones(1 if rank", "dist.all_reduce(torch.ones(1 if rank"),
-        ("dtype", ["dtype"], "dtype=torch.float32 if rank", "dtype=torch.float32 if rank"),
-        ("op", ["op", "root"], "            dist.all_reduce(torch.ones(4))\n", "dist.broadcast(torch.ones(4), src=0)"),
-        ("extra", ["op", "numel", "dtype", "redop"], "dist.barrier()  # the extra call", "        dist.all_reduce(torch.ones(4))\n"),
+        ("size", ["numel"], "size", "size"),
+        ("dtype", ["dtype"], "dtype", "dtype"),
+        ("op", ["op", "root", "redop"], "op0", "op1"),
+        ("extra", ["op", "numel", "dtype", "redop"], "extra0", "extra1"),
     ],
 )
 def test_check_mode_reports_mismatch_on_both_ranks_with_both_call_sites(
     multirank, tmp_path, kind, differing, site0, site1
 ):
     results = multirank(_check_rank, args=(kind, str(tmp_path / "trace"), 10.0), timeout_s=60)
-    lines = pathlib.Path(__file__).read_text()
     for r in results:
         assert r["raised"], r
         assert r["elapsed"] < 10.0
@@ -93,9 +100,8 @@ def test_check_mode_reports_mismatch_on_both_ranks_with_both_call_sites(
         assert (d["rank_a"], d["rank_b"]) == (0, 1)
     d = results[0]["json"]
     # Both call sites, as file:line function, point at the divergent lines.
-    for call, fragment in ((d["call_a"], site0), (d["call_b"], site1)):
-        line_no = lines[: lines.index(fragment.strip("\n"))].count("\n") + 1
-        assert call["site"].endswith(f"test_collectives_trace.py:{line_no} _diverge"), (call["site"], fragment)
+    for call, marker in ((d["call_a"], site0), (d["call_b"], site1)):
+        assert call["site"].endswith(_site_line(marker)), (call["site"], marker)
         assert call["site"] in results[1]["report"]
     assert results[0]["report"] == results[1]["report"].replace("on rank 1", "on rank 0")
 
@@ -107,7 +113,7 @@ def test_check_mode_reports_a_rank_that_never_arrives_with_its_last_call(multira
     assert r0["raised"] and 3.0 <= r0["elapsed"] < 10.0
     d = r0["json"]
     assert d["kind"] == "timeout" and d["missing_ranks"] == [1]
-    assert d["call_a"]["site"].endswith(_site_line("rank 1 never issues this one"))
+    assert d["call_a"]["site"].endswith(_site_line("missing"))
     # rank 1's last checked call is the agreed first all_reduce
     assert d["last_b"]["group_seq"] == 1 and d["last_b"]["site"].endswith("_check_rank")
     assert "Rank 1 did not reach all_reduce (call #2" in r0["report"]
@@ -130,7 +136,11 @@ def _subgroup_rank(rank: int, world_size: int, out_dir: str) -> dict:
             dist.broadcast(t, group=sub, group_src=1)  # group rank 1 is global rank 2
             dist.all_reduce(torch.ones(4 if rank == 1 else 2), group=sub)
     except CollectiveMismatchError as exc:
-        return {"raised": True, "json": divergence_to_json(exc.divergence), "elapsed": time.monotonic() - start}
+        return {
+            "raised": True,
+            "json": divergence_to_json(exc.divergence),
+            "elapsed": time.monotonic() - start,
+        }
     return {"raised": False}
 
 
@@ -166,7 +176,7 @@ def test_record_mode_trace_survives_the_gloo_abort_and_analyze_finds_the_size_mi
     assert sorted(traces) == [0, 1]
     assert d is not None and d.kind == "mismatch" and d.differing == ["numel"]
     assert (d.call_a.numel, d.call_b.numel) == (1, 8)
-    assert d.call_a.site.endswith(_site_line("dist.all_reduce(torch.ones(1 if rank"))
+    assert d.call_a.site.endswith(_site_line("size"))
     assert d.before[0][0].numel == 4
 
 
@@ -189,18 +199,25 @@ def test_flight_recorder_dump_from_gloo_is_analyzed(multirank, tmp_path):
     assert sorted(traces) == [0, 1] and traces[0].meta["format"] == "flight_recorder"
     assert d is not None and d.kind == "mismatch" and d.differing == ["dtype"]
     assert (d.call_a.dtype, d.call_b.dtype) == ("float32", "int32")
-    assert d.call_a.site.endswith(_site_line("dtype=torch.float32 if rank"))
+    assert d.call_a.site.endswith(_site_line("dtype"))
 
 
 def _launch(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(_REPO))
-    return subprocess.run([sys.executable, "-m", "repro.collectives_trace", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "repro.collectives_trace", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
     script = tmp_path / "job.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         import torch, torch.distributed as dist
         dist.init_process_group("gloo")
         rank = dist.get_rank()
@@ -209,11 +226,19 @@ def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
             dist.all_reduce(torch.ones(3))
         else:
             dist.all_reduce(torch.ones(5))
-    """))
+    """)
+    )
     out = tmp_path / "trace"
-    done = _launch(["launch", "--nproc-per-node", "2", "--check", "every", "--out", str(out), "--", str(script)], tmp_path)
+    done = _launch(
+        ["launch", "--nproc-per-node", "2", "--check", "every", "--out", str(out), "--", str(script)],
+        tmp_path,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "Collective mismatch" in done.stdout and "job.py:7 <module>" in done.stdout and "job.py:9 <module>" in done.stdout
+    assert (
+        "Collective mismatch" in done.stdout
+        and "job.py:7 <module>" in done.stdout
+        and "job.py:9 <module>" in done.stdout
+    )
     assert "SIGABRT" not in done.stdout
     report = json.loads(_launch(["analyze", str(out), "--json"], tmp_path).stdout)["divergence"]
     assert (report["call_a"]["numel"], report["call_b"]["numel"]) == (3, 5)
@@ -225,9 +250,13 @@ def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
 
 def test_cli_launch_exits_zero_when_ranks_agree(tmp_path):
     script = tmp_path / "ok.py"
-    script.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                      "dist.all_reduce(torch.ones(2))\ndist.barrier()\n")
-    done = _launch(["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", str(script)], tmp_path)
+    script.write_text(
+        "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "dist.all_reduce(torch.ones(2))\ndist.barrier()\n"
+    )
+    done = _launch(
+        ["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", str(script)], tmp_path
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no divergence" in done.stdout
 
@@ -242,12 +271,18 @@ def _zero2_rank(rank: int, world_size: int, skip: bool, check: str, out_dir: str
         with trace_collectives(out_dir, check=check, timeout_s=20):
             out = run(rank, world_size, skip_inactive=skip)
     except CollectiveMismatchError as exc:
-        return {"raised": True, "json": divergence_to_json(exc.divergence), "report": exc.report,
-                "elapsed": time.monotonic() - start}
+        return {
+            "raised": True,
+            "json": divergence_to_json(exc.divergence),
+            "report": exc.report,
+            "elapsed": time.monotonic() - start,
+        }
     return {"raised": False, **out}
 
 
-def test_zero2_inactive_micro_skip_is_caught_naming_scalar_all_reduce_and_gradient_reduction(multirank, tmp_path):
+def test_zero2_inactive_micro_skip_is_caught_naming_scalar_all_reduce_and_gradient_reduction(
+    multirank, tmp_path
+):
     results = multirank(_zero2_rank, args=(True, "every", str(tmp_path / "trace")), timeout_s=90)
     for r in results:
         assert r["raised"], r

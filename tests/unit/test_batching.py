@@ -22,11 +22,19 @@ from repro.batching import (
 from repro.config import RunConfig
 from tests.strategies import any_batch_params, batch_rules_hold, token_lengths, valid_batch_params
 
-PR_ACTOR = BatchParams(n_gpus_per_node=2, nnodes=1, sp=1, rollout_n=1, train_batch_size=64,
-                       ppo_mini_batch_size=32, ppo_micro_batch_size_per_gpu=2)
+PR_ACTOR = BatchParams(
+    n_gpus_per_node=2,
+    nnodes=1,
+    sp=1,
+    rollout_n=1,
+    train_batch_size=64,
+    ppo_mini_batch_size=32,
+    ppo_micro_batch_size_per_gpu=2,
+)
 
 
 # ---- plans -----------------------------------------------------------------------------------------
+
 
 def test_pr_benchmark_actor_plan_splits_mini_batch_across_two_ranks_once():
     plan = plan_batch(PR_ACTOR)
@@ -132,16 +140,20 @@ def test_mini_batch_33_on_two_gpus_names_the_key_and_nearby_values():
 def test_train_batch_not_multiple_of_mini_batch_suggests_both_keys():
     with pytest.raises(BatchPlanError) as info:
         plan_batch(replace(PR_ACTOR, ppo_mini_batch_size=24))
-    assert info.value.suggestions == {"actor_rollout_ref.actor.ppo_mini_batch_size": [16, 32],
-                                      "data.train_batch_size": [48, 72]}
+    assert info.value.suggestions == {
+        "actor_rollout_ref.actor.ppo_mini_batch_size": [16, 32],
+        "data.train_batch_size": [48, 72],
+    }
 
 
 def test_deprecated_global_micro_batch_is_divided_by_dp_once():
     plan = plan_batch(replace(PR_ACTOR, ppo_micro_batch_size_per_gpu=None, ppo_micro_batch_size=8))
     assert (plan.micro, plan.gas) == (4, 4)
-    with pytest.raises(BatchPlanError, match=r"ppo_micro_batch_size=5 is not divisible by dp=2.*4 or 8"):
+    with pytest.raises(BatchPlanError, match=r"ppo_micro_batch_size=5 is not divisible by dp=2 .*4 or 8"):
         plan_batch(replace(PR_ACTOR, ppo_micro_batch_size_per_gpu=None, ppo_micro_batch_size=5))
-    with pytest.raises(BatchPlanError, match="keep only actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"):
+    with pytest.raises(
+        BatchPlanError, match="keep only actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
+    ):
         plan_batch(replace(PR_ACTOR, ppo_micro_batch_size=8))
 
 
@@ -151,7 +163,9 @@ def test_missing_micro_batch_size_asks_for_it_or_dynamic_bsz():
 
 
 def test_sequence_parallel_size_must_divide_world():
-    with pytest.raises(BatchPlanError, match=r"ulysses_sequence_parallel_size=3 does not divide.*one of \[1, 2, 4\]"):
+    with pytest.raises(
+        BatchPlanError, match=r"ulysses_sequence_parallel_size=3 does not divide.*one of \[1, 2, 4\]"
+    ):
         plan_batch(replace(PR_ACTOR, n_gpus_per_node=4, sp=3))
 
 
@@ -174,6 +188,7 @@ def test_critic_plan_uses_the_critic_keys():
 
 
 # ---- token-budget micro-batches ------------------------------------------------------------------
+
 
 def _check_partition(bins: list[list[int]], lens: list[int], budget: int) -> None:
     flat = [i for b in bins for i in b]
@@ -217,14 +232,18 @@ def test_token_packing_balances_loads():
     assert loads == [15, 15, 16]
 
 
-@given(st.lists(token_lengths(max_len=256, max_size=16), min_size=1, max_size=4), st.integers(256, 1024), st.data())
+@given(
+    st.lists(token_lengths(max_len=256, max_size=16), min_size=1, max_size=4),
+    st.integers(256, 1024),
+    st.data(),
+)
 def test_equalized_micro_batch_counts_are_the_same_on_every_rank(per_rank, budget, data):
     size = data.draw(st.integers(1, 16))
     per_rank = [(lens * size)[:size] if lens else [1] * size for lens in per_rank]
     out = equalize_micro_batch_counts(per_rank, budget)
     counts = {len(bins) for bins in out}
     assert counts == {max(min_micro_batches(lens, budget) for lens in per_rank)}
-    for bins, lens in zip(out, per_rank):
+    for bins, lens in zip(out, per_rank, strict=True):
         _check_partition(bins, lens, budget)
 
 

@@ -21,8 +21,11 @@ from tests.pr_commands import all_pr_commands
 
 PR_COMMANDS = all_pr_commands()
 # A dry run only warns about missing models and data, so the fixtures' paths need not exist.
-SHELL_VARS = {"DATA_TRAIN": "/nonexistent/train.parquet", "DATA_VAL": "/nonexistent/val.parquet",
-              "BENCH_DIR": "/tmp/repro-bench"}
+SHELL_VARS = {
+    "DATA_TRAIN": "/nonexistent/train.parquet",
+    "DATA_VAL": "/nonexistent/val.parquet",
+    "BENCH_DIR": "/tmp/repro-bench",
+}
 ZERO3 = next(c for c in PR_COMMANDS if c.name == "zero3_cpu_offload")
 
 
@@ -54,7 +57,9 @@ def test_fixtures_hold_every_pr_command():
     assert six | {"minimal_demo", "grpo_fix_60", "bench_zero3_cpu_offload", "older_form_aliases"} <= names
     assert all(c.env.get("VERL_DS_ZERO2_FP32_ACCUM_PATCH") == "1" for c in PR_COMMANDS if c.name in six)
     assert [c.name for c in PR_COMMANDS if "VERL_ENABLE_PARAM_OFFLOAD" in c.env] == [
-        "bench_zero3_cpu_offload", "zero3_cpu_offload"]
+        "bench_zero3_cpu_offload",
+        "zero3_cpu_offload",
+    ]
 
 
 @pytest.mark.parametrize("cmd", PR_COMMANDS, ids=lambda c: c.name)
@@ -65,7 +70,11 @@ def test_pr_command_builds_a_config_in_a_dry_run(cmd):
             dry(overrides, cmd.env)
         return
     cfg, notes = built(cmd)
-    stage = next((int(o.rsplit("=", 1)[1]) for o in overrides if o.startswith("actor_rollout_ref.actor.deepspeed.zero_stage=")))
+    stage = next(
+        int(o.rsplit("=", 1)[1])
+        for o in overrides
+        if o.startswith("actor_rollout_ref.actor.deepspeed.zero_stage=")
+    )
     assert cfg.actor_rollout_ref.actor.deepspeed.zero_stage == stage
     for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.critic.deepspeed_config):
         assert ds.fp32_grad_accum is (cmd.env.get("VERL_DS_ZERO2_FP32_ACCUM_PATCH") == "1")
@@ -80,7 +89,11 @@ def test_pr_commands_set_the_keys_they_name():
     assert (arr.actor.deepspeed.offload, cfg.critic.deepspeed_config.offload) == ("cpu", "cpu")
     assert (arr.actor.ppo_mini_batch_size, arr.actor.ppo_micro_batch_size_per_gpu) == (32, 2)
     assert (cfg.critic.ppo_max_token_len_per_gpu, cfg.data.train_batch_size) == (2048, 64)
-    assert (arr.rollout.name, arr.rollout.gpu_memory_utilization, cfg.trainer.logger) == ("vllm", 0.2, ["console"])
+    assert (arr.rollout.name, arr.rollout.gpu_memory_utilization, cfg.trainer.logger) == (
+        "vllm",
+        0.2,
+        ["console"],
+    )
     assert cfg.data.train_files == "/nonexistent/train.parquet"
     assert critic_enabled(cfg) and not ref_policy_used(cfg)
     # 60 RL steps x 2 mini-batches (64 prompts / 32) x 1 epoch optimizer steps.
@@ -111,8 +124,12 @@ def test_default_config_is_valid():
 def test_group_aliases_select_the_deepspeed_workers():
     # Both spellings compose (older_form_aliases covers deepspeed_actor / deepspeed_critic).
     assert check_overrides(["actor@actor_rollout_ref.actor=deepspeed_actor", "critic=ds_critic"])[0] == [
-        "actor@actor_rollout_ref.actor=deepspeed_actor", "critic=ds_critic"]
-    with pytest.raises(ValueError, match=r"critic='dp_critic' is not an option.*\['ds_critic', 'deepspeed_critic'\]"):
+        "actor@actor_rollout_ref.actor=deepspeed_actor",
+        "critic=ds_critic",
+    ]
+    with pytest.raises(
+        ValueError, match=r"critic='dp_critic' is not an option.*\['ds_critic', 'deepspeed_critic'\]"
+    ):
         load(["critic=dp_critic"])
     with pytest.raises(ValueError, match="write actor@actor_rollout_ref.actor=ds_actor"):
         load(["actor=ds_actor"])
@@ -131,15 +148,28 @@ def test_unknown_key_lists_close_matches():
 
 def test_close_matches_finds_renamed_sections_and_same_leaf_names():
     keys, _ = config_keys()
-    assert "actor_rollout_ref.actor.deepspeed.offload" in close_matches("actor_rollout_ref.actor.deepspeed_config.offload", keys)
+    assert "actor_rollout_ref.actor.deepspeed.offload" in close_matches(
+        "actor_rollout_ref.actor.deepspeed_config.offload", keys
+    )
     assert "trainer.total_training_steps" in close_matches("trainer.total_train_steps", keys)
 
 
 def test_open_dict_keys_work_with_and_without_plus():
-    lines, _ = check_overrides(["reward.reward_kwargs.score=2", "+ray_kwargs.ray_init.num_cpus=2", "+data.seed=3"])
+    lines, _ = check_overrides(
+        ["reward.reward_kwargs.score=2", "+ray_kwargs.ray_init.num_cpus=2", "+data.seed=3"]
+    )
     assert lines == ["++reward.reward_kwargs.score=2", "++ray_kwargs.ray_init.num_cpus=2", "++data.seed=3"]
     cfg, _ = load(lines)
-    assert (cfg.reward.reward_kwargs, cfg.ray_kwargs.ray_init, cfg.data.seed) == ({"score": 2}, {"num_cpus": 2}, 3)
+    assert (cfg.reward.reward_kwargs, cfg.ray_kwargs.ray_init, cfg.data.seed) == (
+        {"score": 2},
+        {"num_cpus": 2},
+        3,
+    )
+
+
+def test_hydra_own_keys_are_dropped_with_a_note():
+    lines, notes = check_overrides(["hydra.run.dir=/tmp/x", "trainer.seed=2"])
+    assert lines == ["trainer.seed=2"] and "hydra.run.dir: ignored" in notes[0]
 
 
 def test_deleting_keys_is_refused():
@@ -148,26 +178,45 @@ def test_deleting_keys_is_refused():
 
 
 def test_no_effect_keys_warn_once_each():
-    _, notes = load(["trainer.use_legacy_worker_impl=enable", "reward.num_workers=4", "actor_rollout_ref.rollout.mode=async"])
+    _, notes = load(
+        [
+            "trainer.use_legacy_worker_impl=enable",
+            "reward.num_workers=4",
+            "actor_rollout_ref.rollout.mode=async",
+        ]
+    )
     assert len(notes) == 3
     assert sum("trainer.use_legacy_worker_impl" in n for n in notes) == 1
     assert any("reward.num_workers=4 has no effect here" in n for n in notes)
     # At their defaults they are silent (test_default_config_is_valid), and vLLM keys are meant for vLLM.
-    notes = validate_run_config(run_config(actor_rollout_ref__rollout__name="vllm", trainer__dry_run=True,
-                                           actor_rollout_ref__rollout__max_num_seqs=8))
+    notes = validate_run_config(
+        run_config(
+            actor_rollout_ref__rollout__name="vllm",
+            trainer__dry_run=True,
+            actor_rollout_ref__rollout__max_num_seqs=8,
+        )
+    )
     assert not any("max_num_seqs" in n for n in notes)
 
 
 def test_field_errors_name_the_full_key_of_each_deepspeed_section():
-    for path in ("actor_rollout_ref.actor.deepspeed", "critic.deepspeed_config", "actor_rollout_ref.ref.deepspeed"):
-        with pytest.raises(ValueError, match=rf"^{path}\.zero_stage=4 is not valid; choose one of \[1, 2, 3\]"):
+    for path in (
+        "actor_rollout_ref.actor.deepspeed",
+        "critic.deepspeed_config",
+        "actor_rollout_ref.ref.deepspeed",
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^{path}\.zero_stage=4 is not valid; choose one of \[1, 2, 3\]"
+        ):
             load([f"{path}.zero_stage=4"])
     with pytest.raises(ValueError, match=r"reward\.reward_kwargs\.method='loose' is not valid.*flexible"):
         load(["+reward.reward_kwargs.method=loose"])
 
 
 def test_type_errors_and_unexpanded_shell_variables_name_the_key():
-    with pytest.raises(ValueError, match="actor_rollout_ref.actor.ppo_mini_batch_size.*could not be converted"):
+    with pytest.raises(
+        ValueError, match="actor_rollout_ref.actor.ppo_mini_batch_size.*could not be converted"
+    ):
         load(["actor_rollout_ref.actor.ppo_mini_batch_size=abc"])
     with pytest.raises(ValueError, match=r"data\.train_files.*DATA_TRAIN.*shell variable"):
         load(["data.train_files=${DATA_TRAIN}"])
@@ -186,27 +235,39 @@ def run_config(**sections) -> RunConfig:
 
 
 def test_bad_batch_split_is_a_value_error_with_nearest_values():
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ppo_mini_batch_size=33 .*dp=2.*32 or 64"):
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.actor\.ppo_mini_batch_size=33 .*dp=2.*32 or 64"
+    ):
         load(["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=33"])
     # The critic has its own keys and is checked only when it is trained.
     with pytest.raises(ValueError, match=r"critic\.ppo_mini_batch_size=33"):
         validate_run_config(run_config(critic__ppo_mini_batch_size=33))
-    validate_run_config(run_config(critic__ppo_mini_batch_size=33, critic__enable=False,
-                                   algorithm__adv_estimator="grpo"))
+    validate_run_config(
+        run_config(critic__ppo_mini_batch_size=33, critic__enable=False, algorithm__adv_estimator="grpo")
+    )
 
 
 def test_deprecated_global_micro_batch_replaces_the_per_gpu_default():
-    cfg, notes = load(["data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-                       "actor_rollout_ref.actor.ppo_micro_batch_size=8"])
+    cfg, notes = load(
+        [
+            "data.train_batch_size=256",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+        ]
+    )
     assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
     assert any("ppo_micro_batch_size is deprecated" in n for n in notes)
 
 
 def test_sequence_parallel_is_refused_for_deepspeed_workers():
-    with pytest.raises(ValueError, match=r"critic\.ulysses_sequence_parallel_size=2: Ulysses.*not implemented"):
+    with pytest.raises(
+        ValueError, match=r"critic\.ulysses_sequence_parallel_size=2: Ulysses.*not implemented"
+    ):
         validate_run_config(run_config(critic__ulysses_sequence_parallel_size=2))
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2"):
-        validate_run_config(run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, trainer__dry_run=True))
+        validate_run_config(
+            run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, trainer__dry_run=True)
+        )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
@@ -218,24 +279,34 @@ def test_vllm_without_vllm_fails_a_real_run_and_warns_in_a_dry_run():
 
 
 def test_missing_model_and_data_fail_a_real_run_naming_the_key(tmp_path):
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.path='Qwen/Qwen3-0\.6B' is not a local directory"):
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.model\.path='Qwen/Qwen3-0\.6B' is not a local directory"
+    ):
         validate_run_config(run_config(actor_rollout_ref__model__path="Qwen/Qwen3-0.6B"))
     with pytest.raises(ValueError, match=r"data\.train_files: '.*missing\.parquet' does not exist"):
         validate_run_config(run_config(data__train_files=f"{tmp_path}/missing.parquet"))
     (tmp_path / "train.parquet").write_bytes(b"")
-    validate_run_config(run_config(data__train_files=[f"{tmp_path}/train.parquet"],
-                                   actor_rollout_ref__model__path=str(tmp_path)))
+    validate_run_config(
+        run_config(
+            data__train_files=[f"{tmp_path}/train.parquet"], actor_rollout_ref__model__path=str(tmp_path)
+        )
+    )
 
 
 def test_nvme_offload_needs_zero3_and_an_offload_dir():
     cfg = run_config()
     cfg.actor_rollout_ref.actor.deepspeed = DeepSpeedConfig(zero_stage=3, offload="nvme")
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.deepspeed\.offload=nvme needs .*offload_dir"):
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.actor\.deepspeed\.offload=nvme needs .*offload_dir"
+    ):
         validate_run_config(cfg)
     cfg.actor_rollout_ref.actor.deepspeed.offload_dir = "/tmp"
     validate_run_config(cfg)
     cfg.critic.deepspeed_config = DeepSpeedConfig(zero_stage=2, offload="nvme", offload_dir="/tmp")
-    with pytest.raises(ValueError, match=r"critic\.deepspeed_config\.offload=nvme needs critic\.deepspeed_config\.zero_stage=3"):
+    with pytest.raises(
+        ValueError,
+        match=r"critic\.deepspeed_config\.offload=nvme needs critic\.deepspeed_config\.zero_stage=3",
+    ):
         validate_run_config(cfg)
 
 
@@ -249,14 +320,23 @@ def test_critic_rules_follow_the_advantage_estimator():
 def test_skipping_empty_micro_batches_is_refused_in_data_parallel():
     with pytest.raises(ValueError, match="skip_inactive_micro_batches=True with world size 2"):
         validate_run_config(run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True))
-    validate_run_config(run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True,
-                                   actor_rollout_ref__actor__unsafe_allow_skip_in_data_parallel=True))
-    validate_run_config(run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True,
-                                   trainer__n_gpus_per_node=1))
+    validate_run_config(
+        run_config(
+            actor_rollout_ref__actor__skip_inactive_micro_batches=True,
+            actor_rollout_ref__actor__unsafe_allow_skip_in_data_parallel=True,
+        )
+    )
+    validate_run_config(
+        run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True, trainer__n_gpus_per_node=1)
+    )
 
 
 def test_env_knobs_are_read_from_the_given_environment_once():
-    env = {"VERL_ENABLE_PARAM_OFFLOAD": "1", "VERL_DS_ZERO2_FP32_ACCUM_PATCH": "1", "VERL_DS_ZERO2_STEP_EACH_MICRO": "1"}
+    env = {
+        "VERL_ENABLE_PARAM_OFFLOAD": "1",
+        "VERL_DS_ZERO2_FP32_ACCUM_PATCH": "1",
+        "VERL_DS_ZERO2_STEP_EACH_MICRO": "1",
+    }
     cfg, _ = load(["critic.deepspeed_config.param_offload=false"], env)
     for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.actor_rollout_ref.ref.deepspeed):
         assert (ds.param_offload, ds.fp32_grad_accum, ds.step_each_micro) == (True, True, True)
@@ -271,11 +351,16 @@ def test_env_knobs_are_read_from_the_given_environment_once():
 
 
 def test_loading_has_no_hydra_side_effects(tmp_path, monkeypatch):
+    from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra
 
     monkeypatch.chdir(tmp_path)
     load(["trainer.experiment_name=x"])
     assert list(tmp_path.iterdir()) == [] and not GlobalHydra.instance().is_initialized()
+    with initialize(version_base="1.3", config_path=None):  # a caller's own Hydra survives a load
+        outer = GlobalHydra.instance().hydra
+        load(["trainer.experiment_name=y"])
+        assert GlobalHydra.instance().hydra is outer
 
 
 def test_sections_validate_themselves_when_built_in_code():

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import pytest
 
+from repro.batching import RoleBatchPlan
+from repro.config import DeepSpeedConfig, OptimConfig
 from repro.ds_config import build_ds_config
 from repro.main_ppo import main, parse_argv
 from tests.pr_commands import all_pr_commands
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMANDS = {c.name: c for c in all_pr_commands()}
-SHELL_VARS = {"DATA_TRAIN": "/nonexistent/train.parquet", "DATA_VAL": "/nonexistent/val.parquet",
-              "BENCH_DIR": "/tmp/repro-bench"}
+SHELL_VARS = {
+    "DATA_TRAIN": "/nonexistent/train.parquet",
+    "DATA_VAL": "/nonexistent/val.parquet",
+    "BENCH_DIR": "/tmp/repro-bench",
+}
 KNOBS = ("VERL_ENABLE_PARAM_OFFLOAD", "VERL_DS_ZERO2_FP32_ACCUM_PATCH", "VERL_DS_ZERO2_STEP_EACH_MICRO")
 
 
@@ -33,7 +40,14 @@ def run_main(argv, monkeypatch, capsys, env=None):
 
 def dry_run(name, monkeypatch, capsys, env=None, extra=()):
     cmd = COMMANDS[name]
-    argv = ["-cn", "ppo_trainer", *cmd.expanded(SHELL_VARS), *extra, "trainer.dry_run=true", "trainer.device=cpu"]
+    argv = [
+        "-cn",
+        "ppo_trainer",
+        *cmd.expanded(SHELL_VARS),
+        *extra,
+        "trainer.dry_run=true",
+        "trainer.device=cpu",
+    ]
     code, out, err = run_main(argv, monkeypatch, capsys, cmd.env if env is None else env)
     assert code == 0, err
     return json.loads(out.strip().splitlines()[-1]), out, err
@@ -52,51 +66,92 @@ def test_zero3_cpu_offload_plan_offloads_params_only_with_the_env_knob(param_off
         assert plan[role]["deepspeed"]["train_batch_size"] == 32
         assert plan[role]["deepspeed"]["train_micro_batch_size_per_gpu"] == 2
         assert plan[role]["deepspeed"]["gradient_accumulation_steps"] == 8
-        assert plan["batch"][role] | {} == {
-            "world": 2, "dp": 2, "sp": 1, "samples_per_step": 64, "mini_batch_samples": 32, "per_rank_mini": 16,
-            "micro": 2, "gas": 8, "train_batch_size": 32, "num_mini_batches": 2, "dynamic": False, "max_token_len": None}
+        assert plan["batch"][role] == {
+            "world": 2,
+            "dp": 2,
+            "sp": 1,
+            "samples_per_step": 64,
+            "mini_batch_samples": 32,
+            "per_rank_mini": 16,
+            "micro": 2,
+            "gas": 8,
+            "train_batch_size": 32,
+            "num_mini_batches": 2,
+            "dynamic": False,
+            "max_token_len": None,
+        }
     assert plan["ref"] == {"enabled": False, "deepspeed": None}
-    assert plan["env_knobs"] == {"VERL_ENABLE_PARAM_OFFLOAD": param_offload, "VERL_DS_ZERO2_FP32_ACCUM_PATCH": True,
-                                 "VERL_DS_ZERO2_STEP_EACH_MICRO": False}
+    assert plan["env_knobs"] == {
+        "VERL_ENABLE_PARAM_OFFLOAD": param_offload,
+        "VERL_DS_ZERO2_FP32_ACCUM_PATCH": True,
+        "VERL_DS_ZERO2_STEP_EACH_MICRO": False,
+    }
     assert any("vllm" in w for w in plan["warnings"])
     assert "actor: ZeRO-3, offload optimizer=cpu param=" + ("cpu" if param_offload else "none") in out
 
 
 def test_dry_run_json_is_exactly_what_build_ds_config_gives(monkeypatch, capsys):
     from repro.batching import plan_role_batch
-    from repro.config_loader import load_config
+    from repro.config_loader import ConfigWarning, load_config
 
     cmd = COMMANDS["zero2_cpu_offload"]
     plan, _, _ = dry_run("zero2_cpu_offload", monkeypatch, capsys)
-    cfg = load_config([*cmd.expanded(SHELL_VARS), "trainer.dry_run=true"], environ=cmd.env)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        cfg = load_config([*cmd.expanded(SHELL_VARS), "trainer.dry_run=true"], environ=cmd.env)
     actor = cfg.actor_rollout_ref.actor
-    assert plan["actor"]["deepspeed"] == build_ds_config(actor.deepspeed, actor.optim, plan_role_batch(cfg, "actor"),
-                                                         grad_clip=actor.grad_clip, on_cuda=False)
+    assert plan["actor"]["deepspeed"] == build_ds_config(
+        actor.deepspeed, actor.optim, plan_role_batch(cfg, "actor"), grad_clip=actor.grad_clip, on_cuda=False
+    )
     assert plan["critic"]["deepspeed"] == build_ds_config(
-        cfg.critic.deepspeed_config, cfg.critic.optim, plan_role_batch(cfg, "critic"),
-        grad_clip=cfg.critic.grad_clip, on_cuda=False)
+        cfg.critic.deepspeed_config,
+        cfg.critic.optim,
+        plan_role_batch(cfg, "critic"),
+        grad_clip=cfg.critic.grad_clip,
+        on_cuda=False,
+    )
 
 
 def test_grpo_plan_has_no_critic_and_counts_rollout_samples(monkeypatch, capsys):
     plan, _, _ = dry_run("grpo_fix_60", monkeypatch, capsys)
     assert plan["critic"] == {"enabled": False, "deepspeed": None} and plan["batch"]["critic"] is None
     batch = plan["batch"]["actor"]
-    assert (batch["mini_batch_samples"], batch["per_rank_mini"], batch["micro"], batch["gas"]) == (128, 64, 1, 64)
+    assert (batch["mini_batch_samples"], batch["per_rank_mini"], batch["micro"], batch["gas"]) == (
+        128,
+        64,
+        1,
+        64,
+    )
     assert plan["actor"]["deepspeed"]["train_batch_size"] == 128
     assert plan["env_knobs"] == dict.fromkeys(KNOBS, False)
 
 
 def test_kl_loss_adds_a_frozen_reference_policy_and_zero1_offload_warns(monkeypatch, capsys):
-    plan, _, _ = dry_run("zero1_cpu_offload", monkeypatch, capsys, extra=["actor_rollout_ref.actor.use_kl_loss=True"])
+    plan, _, _ = dry_run(
+        "zero1_cpu_offload", monkeypatch, capsys, extra=["actor_rollout_ref.actor.use_kl_loss=True"]
+    )
     ref = plan["ref"]["deepspeed"]
     assert ref["zero_optimization"]["stage"] == 3 and "optimizer" not in ref
+    # What the reference worker's engine builds: the actor's plan and clip value, no optimizer.
+    actor_plan = RoleBatchPlan(**plan["batch"]["actor"])
+    assert ref == build_ds_config(
+        DeepSpeedConfig(**plan["config"]["actor_rollout_ref"]["ref"]["deepspeed"]),
+        OptimConfig(),
+        actor_plan,
+        grad_clip=plan["config"]["actor_rollout_ref"]["actor"]["grad_clip"],
+        on_cuda=False,
+        trainable=False,
+    )
     assert "offload_optimizer" not in plan["actor"]["deepspeed"]["zero_optimization"]
     assert any("ZeRO-1 does not offload" in w for w in plan["warnings"])
 
 
 def test_bad_mini_batch_on_two_gpus_exits_nonzero_naming_the_key(monkeypatch, capsys):
-    argv = [*COMMANDS["zero2_no_offload"].expanded(SHELL_VARS), "actor_rollout_ref.actor.ppo_mini_batch_size=33",
-            "trainer.dry_run=true"]
+    argv = [
+        *COMMANDS["zero2_no_offload"].expanded(SHELL_VARS),
+        "actor_rollout_ref.actor.ppo_mini_batch_size=33",
+        "trainer.dry_run=true",
+    ]
     code, out, err = run_main(argv, monkeypatch, capsys)
     assert code == 2 and out == ""
     assert "actor_rollout_ref.actor.ppo_mini_batch_size=33" in err and "32 or 64" in err
@@ -110,7 +165,7 @@ def test_unknown_key_exits_nonzero_with_close_matches(monkeypatch, capsys):
 
 
 def test_real_run_with_vllm_missing_fails_before_starting_anything(monkeypatch, capsys):
-    if __import__("importlib.util").util.find_spec("vllm") is not None:
+    if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     code, _, err = run_main(["actor_rollout_ref.rollout.name=vllm"], monkeypatch, capsys)
     assert code == 2 and "use actor_rollout_ref.rollout.name=hf" in err
@@ -128,9 +183,21 @@ def test_cli_subprocess_prints_json_as_the_last_line(tmp_path):
     cmd = COMMANDS["zero3_cpu_offload"]
     env = {**os.environ, **cmd.env, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-m", "repro.main_ppo", "--config-name", "ppo_trainer", *cmd.expanded(SHELL_VARS),
-         "trainer.dry_run=true", "trainer.device=cpu"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "repro.main_ppo",
+            "--config-name",
+            "ppo_trainer",
+            *cmd.expanded(SHELL_VARS),
+            "trainer.dry_run=true",
+            "trainer.device=cpu",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout.strip().splitlines()[-1])

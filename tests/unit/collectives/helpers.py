@@ -5,13 +5,31 @@ from __future__ import annotations
 from repro.collectives.events import CallRecord, RankTrace
 
 
-def call(rank: int, seq: int, op: str = "all_reduce", numel: int = 4, dtype: str = "float32",
-         site: str | None = None, group: str = "0", ranks: tuple[int, ...] = (0, 1), t: float | None = None,
-         returned: bool = True) -> CallRecord:
+def call(
+    rank: int,
+    seq: int,
+    op: str = "all_reduce",
+    numel: int = 4,
+    dtype: str = "float32",
+    site: str | None = None,
+    group: str = "0",
+    ranks: tuple[int, ...] = (0, 1),
+    t: float | None = None,
+    returned: bool = True,
+) -> CallRecord:
     t = float(seq) if t is None else t
     return CallRecord(
-        rank=rank, index=seq, op=op, group=group, ranks=ranks, group_seq=seq, numel=numel, dtype=dtype,
-        site=site or f"train.py:{10 + seq} step", t=t, t_end=t + 0.5 if returned else None,
+        rank=rank,
+        index=seq,
+        op=op,
+        group=group,
+        ranks=ranks,
+        group_seq=seq,
+        numel=numel,
+        dtype=dtype,
+        site=site or f"train.py:{10 + seq} step",
+        t=t,
+        t_end=t + 0.5 if returned else None,
         redop="SUM" if op == "all_reduce" else None,
     )
 

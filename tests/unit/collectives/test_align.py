@@ -34,7 +34,9 @@ def test_one_extra_call_is_one_gap_not_a_cascade():
 
 
 def test_extra_call_on_the_higher_rank_names_that_rank():
-    d = first_divergence({0: trace(0, [AR4, BC4, AR4]), 1: trace(1, [AR4, ("barrier", 0), ("barrier", 0), BC4, AR4])})
+    d = first_divergence(
+        {0: trace(0, [AR4, BC4, AR4]), 1: trace(1, [AR4, ("barrier", 0), ("barrier", 0), BC4, AR4])}
+    )
     assert d.kind == "extra" and d.rank_a == 1 and len(d.extra_calls) == 2
     assert "two extra calls" in headline(d)
 

@@ -10,7 +10,10 @@ from tests.unit.collectives.helpers import trace
 
 
 def test_export_marks_divergent_calls_and_adds_a_global_instant_event(tmp_path):
-    traces = {0: trace(0, [("all_reduce", 4), ("all_reduce", 1)]), 1: trace(1, [("all_reduce", 4), ("all_reduce", 8)])}
+    traces = {
+        0: trace(0, [("all_reduce", 4), ("all_reduce", 1)]),
+        1: trace(1, [("all_reduce", 4), ("all_reduce", 8)]),
+    }
     traces[1].calls[-1].t_end = None
     d = first_divergence(traces)
     doc = to_chrome_trace(traces, d)

@@ -17,11 +17,25 @@ _TORCH = "/venv/lib/python3.11/site-packages/torch/distributed/"
 
 def _entry(seq: int, op: str, size: list[int], dtype: str, line: int, state: str = "completed") -> dict:
     return {
-        "record_id": seq - 1, "pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": seq,
-        "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"nccl:{op}", "time_created_ns": 1_000_000 * seq,
-        "input_sizes": [size], "input_dtypes": [dtype], "output_sizes": [size], "output_dtypes": [dtype],
-        "state": state, "time_discovered_started_ns": None, "time_discovered_completed_ns": None,
-        "retired": state == "completed", "timeout_ms": 600000, "is_p2p": False, "thread_id": "1",
+        "record_id": seq - 1,
+        "pg_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"nccl:{op}",
+        "time_created_ns": 1_000_000 * seq,
+        "input_sizes": [size],
+        "input_dtypes": [dtype],
+        "output_sizes": [size],
+        "output_dtypes": [dtype],
+        "state": state,
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": state == "completed",
+        "timeout_ms": 600000,
+        "is_p2p": False,
+        "thread_id": "1",
         "thread_name": "python3",
         "frames": [
             {"filename": _TORCH + "distributed_c10d.py", "line": 3245, "name": op},
@@ -34,10 +48,16 @@ def _entry(seq: int, op: str, size: list[int], dtype: str, line: int, state: str
 
 def _dump(entries: list[dict]) -> dict:
     return {
-        "version": "2.10", "comm_lib_version": "2.27.3",
+        "version": "2.10",
+        "comm_lib_version": "2.27.3",
         "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
-        "pg_status": {"0": {"last_enqueued_collective": len(entries), "last_started_collective": -1,
-                            "last_completed_collective": len(entries) - 1}},
+        "pg_status": {
+            "0": {
+                "last_enqueued_collective": len(entries),
+                "last_started_collective": -1,
+                "last_completed_collective": len(entries) - 1,
+            }
+        },
         "entries": entries,
     }
 
@@ -47,9 +67,26 @@ def _write(tmp_path, rank: int, dump: dict) -> None:
 
 
 def test_flight_recorder_size_mismatch_is_found_with_user_frames_as_sites(tmp_path):
-    _write(tmp_path, 0, _dump([_entry(1, "all_reduce", [4], "Float", 10), _entry(2, "all_reduce", [1], "Float", 20, "scheduled")]))
-    _write(tmp_path, 1, _dump([_entry(1, "all_reduce", [4], "Float", 10),
-                               _entry(2, "all_reduce", [440467456], "BFloat16", 30, "scheduled")]))
+    _write(
+        tmp_path,
+        0,
+        _dump(
+            [
+                _entry(1, "all_reduce", [4], "Float", 10),
+                _entry(2, "all_reduce", [1], "Float", 20, "scheduled"),
+            ]
+        ),
+    )
+    _write(
+        tmp_path,
+        1,
+        _dump(
+            [
+                _entry(1, "all_reduce", [4], "Float", 10),
+                _entry(2, "all_reduce", [440467456], "BFloat16", 30, "scheduled"),
+            ]
+        ),
+    )
     traces, d = analyze(tmp_path)
     assert sorted(traces) == [0, 1] and traces[0].groups == {"0": (0, 1)}
     assert d.kind == "mismatch" and d.differing == ["numel", "dtype"]
@@ -60,7 +97,11 @@ def test_flight_recorder_size_mismatch_is_found_with_user_frames_as_sites(tmp_pa
 
 
 def test_flight_recorder_missing_call_is_reported_as_stopped(tmp_path):
-    _write(tmp_path, 0, _dump([_entry(1, "all_reduce", [4], "Float", 10), _entry(2, "broadcast", [4], "Float", 11)]))
+    _write(
+        tmp_path,
+        0,
+        _dump([_entry(1, "all_reduce", [4], "Float", 10), _entry(2, "broadcast", [4], "Float", 11)]),
+    )
     _write(tmp_path, 1, _dump([_entry(1, "all_reduce", [4], "Float", 10)]))
     _, d = analyze(tmp_path)
     assert d.kind == "stopped" and d.rank_b == 1 and d.call_a.op == "broadcast"

@@ -40,7 +40,15 @@ def test_crossed_groups_headline_names_both_groups():
     b = call(1, 15, numel=64, group="1")
     from repro.collectives.align import Divergence
 
-    d = Divergence(kind="mismatch", group="0", ranks=(0, 1), rank_a=0, rank_b=1, call_a=a, call_b=b,
-                   differing=a.differing_fields(b))
+    d = Divergence(
+        kind="mismatch",
+        group="0",
+        ranks=(0, 1),
+        rank_a=0,
+        rank_b=1,
+        call_a=a,
+        call_b=b,
+        differing=a.differing_fields(b),
+    )
     first = format_divergence(d).splitlines()[0]
     assert first.startswith("Crossed collectives") and "#1 on group 0" in first and "#15 on group 1" in first

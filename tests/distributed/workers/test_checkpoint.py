@@ -1,0 +1,136 @@
+"""Checkpoints on 2 gloo ranks: exact resume at every ZeRO stage, crash-safe saves, HF export.
+
+One rank pair trains each case for ``SAVE_AT`` steps, saves, trains on (the uninterrupted run)
+and exports a Hugging Face folder; a fresh pair loads the latest checkpoint and trains the same
+remaining steps. Losses, grad norms, weights and the RNG stream must equal the uninterrupted
+run bitwise.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.distributed.workers.helpers import ZERO3_PARTITION_ALL, make_cfg, make_model_dir, make_step_batch, params_of, shard
+from tests.multirank import RankFailure
+
+SAVE_AT = 2
+TOTAL = 4
+SAMPLES = 8
+CASES = [("actor", 1), ("actor", 2), ("actor", 3), ("critic", 2), ("critic", 3)]
+
+
+def _worker(model_dir: str, role: str, stage: int, world: int):
+    from repro.workers.actor import ActorWorker
+    from repro.workers.critic import CriticWorker
+
+    cfg = make_cfg(model_dir, world=world, stage=stage, micro=1, offload="cpu" if stage == 3 else "none")
+    overrides = ZERO3_PARTITION_ALL if stage == 3 else None
+    return ActorWorker(cfg, ds_overrides=overrides) if role == "actor" else CriticWorker(cfg, ds_overrides=overrides)
+
+
+def _train(worker, role: str, rank: int, world: int, steps: range) -> list[dict]:
+    update = worker.update_policy if role == "actor" else worker.update_critic
+    out = []
+    for step in steps:
+        metrics = update(shard(make_step_batch(200 + step, SAMPLES), rank, world))
+        out.append({k: v for k, v in metrics.items() if not k.startswith("perf/")})
+    return out
+
+
+def _uninterrupted(rank: int, world: int, model_dir: str, root: str) -> list[dict]:
+    results = []
+    for role, stage in CASES:
+        worker = _worker(model_dir, role, stage, world)
+        metrics = _train(worker, role, rank, world, range(SAVE_AT))
+        path = worker.save_checkpoint(os.path.join(root, f"{role}{stage}"), SAVE_AT, {"data_position": 17})
+        draw = torch.rand(3)  # the RNG stream right after the save
+        metrics += _train(worker, role, rank, world, range(SAVE_AT, TOTAL))
+        export = os.path.join(root, f"hf_{role}{stage}")
+        worker.export_hf(export)
+        results.append({"path": path, "metrics": metrics, "params": params_of(worker), "draw": draw,
+                        "export": export})
+    return results
+
+
+def _resumed(rank: int, world: int, model_dir: str, root: str) -> list[dict]:
+    results = []
+    torch.manual_seed(999)  # a fresh process's RNG differs; the checkpoint must restore it
+    for role, stage in CASES:
+        worker = _worker(model_dir, role, stage, world)
+        extra = worker.load_checkpoint(os.path.join(root, f"{role}{stage}"))
+        draw = torch.rand(3)
+        metrics = _train(worker, role, rank, world, range(SAVE_AT, TOTAL))
+        results.append({"extra": extra, "metrics": metrics, "params": params_of(worker), "draw": draw})
+    return results
+
+
+def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(multirank, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    root = str(tmp_path / "ckpt")
+    full = multirank(_uninterrupted, 2, timeout_s=180, args=(model_dir, root))
+    resumed = multirank(_resumed, 2, timeout_s=180, args=(model_dir, root))
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+
+    for i, (role, stage) in enumerate(CASES):
+        for rank in range(2):
+            a, b = full[rank][i], resumed[rank][i]
+            assert b["extra"] == {"data_position": 17}
+            assert torch.equal(a["draw"], b["draw"]), (role, stage, "RNG state not restored")
+            assert a["metrics"][SAVE_AT:] == b["metrics"], (role, stage)
+            for name in a["params"]:
+                assert torch.equal(a["params"][name], b["params"][name]), (role, stage, name)
+        assert Path(full[0][i]["path"]).name == f"step_{SAVE_AT}"
+        # The exported folder reloads with transformers and holds exactly the gathered weights.
+        auto = AutoModelForCausalLM if role == "actor" else AutoModelForTokenClassification
+        loaded = dict(auto.from_pretrained(full[0][i]["export"], dtype=torch.float32).named_parameters())
+        assert loaded.keys() == full[0][i]["params"].keys()
+        for name, tensor in full[0][i]["params"].items():
+            assert torch.equal(loaded[name].detach(), tensor), (role, stage, name)
+
+
+def _save_and_die(rank: int, world: int, model_dir: str, root: str) -> None:
+    worker = _worker(model_dir, "actor", 2, world)
+    _train(worker, "actor", rank, world, range(1))
+    worker.save_checkpoint(root, 1, {"data_position": 1})
+    _train(worker, "actor", rank, world, range(1, 2))
+    if rank == 1:
+        target = Path(root) / "step_2.tmp" / "ds"
+
+        def kill_when_saving() -> None:
+            while not target.exists():
+                time.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=kill_when_saving, daemon=True).start()
+    worker.save_checkpoint(root, 2, {"data_position": 2})
+    time.sleep(30)  # rank 1 is killed during the save; rank 0 waits to be killed by the harness
+
+
+def _load_after_crash(rank: int, world: int, model_dir: str, root: str) -> dict:
+    worker = _worker(model_dir, "actor", 2, world)
+    extra = worker.load_checkpoint(root)
+    before = sorted(p.name for p in Path(root).iterdir())
+    worker.save_checkpoint(root, 2, {"data_position": 2})
+    return {"extra": extra, "before": before, "after": sorted(p.name for p in Path(root).iterdir())}
+
+
+def test_rank_killed_during_save_leaves_previous_checkpoint_loadable(multirank, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    root = str(tmp_path / "ckpt")
+    with pytest.raises(RankFailure, match="signal|SIGKILL|-9"):
+        multirank(_save_and_die, 2, timeout_s=120, args=(model_dir, root))
+    assert (Path(root) / "step_2.tmp").is_dir() and not (Path(root) / "step_2").exists()
+    assert (Path(root) / "latest").read_text() == "step_1"
+    results = multirank(_load_after_crash, 2, timeout_s=90, args=(model_dir, root))
+    for res in results:
+        assert res["extra"] == {"data_position": 1}
+        assert "step_1" in res["before"] and "step_2.tmp" in res["before"]
+    assert results[0]["after"] == ["latest", "step_1", "step_2"]
+    assert (Path(root) / "latest").read_text() == "step_2"

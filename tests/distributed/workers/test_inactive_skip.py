@@ -1,0 +1,74 @@
+"""The inactive-micro-batch shortcut: refused in data parallel, allowed (and exact) at world size 1."""
+
+from __future__ import annotations
+
+import logging
+
+from tests.distributed.workers.helpers import (
+    Reference,
+    global_mini_batches,
+    make_cfg,
+    make_model_dir,
+    make_step_batch,
+    max_abs_diff,
+    params_of,
+    shard,
+)
+
+EMPTY_ROWS = (0, 1, 5)
+
+
+def _guard_on_two_ranks(rank: int, world: int, model_dir: str) -> dict:
+    from repro.workers.actor import ActorWorker
+
+    cfg = make_cfg(model_dir, world=world, micro=1)
+    cfg.actor_rollout_ref.actor.skip_inactive_micro_batches = True
+    out = {}
+    try:
+        ActorWorker(cfg)
+        out["refused"] = None
+    except ValueError as err:
+        out["refused"] = str(err)
+    cfg.actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel = True
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("repro.workers.actor").addHandler(handler)
+    worker = ActorWorker(cfg)
+    out["unsafe_enabled"] = worker.skip_inactive
+    out["warnings"] = records
+    return out
+
+
+def test_inactive_skip_is_refused_in_data_parallel_unless_unsafe(multirank, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    results = multirank(_guard_on_two_ranks, 2, timeout_s=90, args=(model_dir,))
+    for res in results:
+        assert res["refused"] is not None, "skip_inactive_micro_batches was accepted at world size 2"
+        assert "skip_inactive_micro_batches" in res["refused"] and "collectives" in res["refused"]
+        assert "unsafe_allow_skip_in_data_parallel" in res["refused"]
+        assert res["unsafe_enabled"] is True
+        assert any("UNSAFE" in w for w in res["warnings"])
+
+
+def _skip_on_one_rank(rank: int, world: int, model_dir: str) -> dict:
+    from repro.workers.actor import ActorWorker
+
+    cfg = make_cfg(model_dir, world=world, micro=1, mini=4, train_batch_size=4)
+    cfg.actor_rollout_ref.actor.skip_inactive_micro_batches = True
+    worker = ActorWorker(cfg)
+    init = params_of(worker)
+    metrics = worker.update_policy(shard(make_step_batch(3, 8, empty_rows=EMPTY_ROWS), rank, world))
+    return {"init": init, "params": params_of(worker), "metrics": metrics}
+
+
+def test_inactive_skip_at_world_size_one_skips_and_matches_reference(multirank, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    (res,) = multirank(_skip_on_one_rank, 1, timeout_s=90, args=(model_dir,))
+    assert res["metrics"]["actor/inactive_micro_batches_skipped"] == len(EMPTY_ROWS)
+    cfg = make_cfg(model_dir, world=1, micro=1, mini=4, train_batch_size=4)
+    ref = Reference(cfg, "actor")
+    for mini in global_mini_batches(make_step_batch(3, 8, empty_rows=EMPTY_ROWS), 1, 8):
+        ref.update(mini)
+    assert max_abs_diff(res["params"], res["init"]) > 1e-3
+    assert max_abs_diff(res["params"], ref.params()) < 1e-5
