@@ -33,7 +33,8 @@ def init_distributed(timeout_s: float = 600.0) -> None:
     """Initialise torch.distributed and deepspeed.comm from the usual env vars.
 
     Uses gloo on CPU and NCCL on CUDA. Safe to call twice. A process group that already exists
-    (created by a test harness, say) is reused as it is.
+    (created by a test harness, say) is reused as it is. With ``REPRO_COLLECTIVES_TRACE=<dir>``
+    set, collective tracing starts here (see ``repro.collectives_trace``).
     """
     if on_cpu():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -49,3 +50,8 @@ def init_distributed(timeout_s: float = 600.0) -> None:
         verbose=False,
     )
     assert dist.is_initialized()
+    # After deepspeed.comm exists: DeepSpeed caches its all-gather / reduce-scatter functions at
+    # start-up, and tracing must wrap those too. A no-op unless REPRO_COLLECTIVES_TRACE is set.
+    from repro.collectives_trace import install_from_env
+
+    install_from_env()

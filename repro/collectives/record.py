@@ -281,8 +281,8 @@ class Tracer:
         if not is_p2p:
             self._group_seq[info.key] = seq = self._group_seq.get(info.key, 0) + 1
         self._index += 1
-        # Frame 0 is describe, 1 Tracer.before, 2 the wrapper; the caller is above that.
-        site, lib_site = sites_from_frame(sys._getframe(3))
+        # The walk skips this tracer's own frames (before, the wrapper), so start right here.
+        site, lib_site = sites_from_frame(sys._getframe(1))
         return CallRecord(
             rank=self.rank if self.rank is not None else -1,
             index=self._index,

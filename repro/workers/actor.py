@@ -15,12 +15,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import agg_loss, compute_policy_loss, entropy_from_logits, kl_penalty, logprobs_from_logits
+from repro.algorithms import (
+    agg_loss,
+    compute_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    logprobs_from_logits,
+)
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
 from repro.workers import checkpoint
-from repro.workers.batches import Batch, batch_size, forward_micro_batches, mean_stats, plan_mini_batches, select
+from repro.workers.batches import (
+    Batch,
+    batch_size,
+    forward_micro_batches,
+    mean_stats,
+    plan_mini_batches,
+    select,
+)
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,14 @@ from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
 from repro.workers import checkpoint
-from repro.workers.batches import Batch, batch_size, forward_micro_batches, mean_stats, plan_mini_batches, select
+from repro.workers.batches import (
+    Batch,
+    batch_size,
+    forward_micro_batches,
+    mean_stats,
+    plan_mini_batches,
+    select,
+)
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.workers.helpers import Reference, global_mini_batches, make_cfg, make_model_dir, make_step_batch, shard
+from tests.distributed.workers.helpers import (
+    Reference,
+    global_mini_batches,
+    make_cfg,
+    make_model_dir,
+    make_step_batch,
+    shard,
+)
 
 SAMPLES = 32  # 16 per rank, one micro-batch each
 

@@ -42,10 +42,10 @@ def _cfg(model_dir: str, case: dict, world: int):
 
 
 def _train_cases(rank: int, world: int, model_dir: str, cases: list[dict]) -> list[dict]:
+    import time
+
     from repro.workers.actor import ActorWorker
     from repro.workers.critic import CriticWorker
-
-    import time
 
     out = []
     for case in cases:
@@ -82,7 +82,7 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
             assert ds_norm == pytest.approx(sum(n for _, n in outs) / len(outs), abs=TOL), case
             if prefix == "critic":  # the actor's loss also holds KL and entropy terms
                 ds_loss = sum(r["metrics"][step][loss_key] for r in ranks) / world
-                assert ds_loss == pytest.approx(sum(l for l, _ in outs) / len(outs), abs=TOL), case
+                assert ds_loss == pytest.approx(sum(loss for loss, _ in outs) / len(outs), abs=TOL), case
             assert ranks[0]["metrics"][step][f"{prefix}/skipped_steps"] == 0.0
         diff = max_abs_diff(ranks[0]["final"], ref.params())
         moved = max_abs_diff(ranks[0]["final"], ranks[0]["init"])

@@ -35,7 +35,7 @@ def test_tiny_policy_is_a_qwen3_of_about_a_million_parameters(config):
 
 def test_same_seed_same_weights_other_seed_other_weights(config):
     a, b, c = build_model(config, seed=1), build_model(config, seed=1), build_model(config, seed=2)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert not torch.equal(a.model.embed_tokens.weight, c.model.embed_tokens.weight)
 

@@ -1,0 +1,281 @@
+"""Worker benchmark: ``ActorWorker.update_policy`` against a bare DeepSpeed loop, per ZeRO case.
+
+For every case (ZeRO-1/2/3, ZeRO-2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and
+parameter offload) two runners train the same randomly initialised model on the same batch,
+each in its own set of rank processes (peak memory would leak from one case into the next in
+a shared process):
+
+- ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
+  samples per rank, so one optimizer step per call);
+- ``bare``: ``deepspeed.initialize`` with the same DeepSpeed JSON and a plain loop of
+  ``gas`` x (forward with labels, ``engine.backward``, ``engine.step``).
+
+Every sample has ``seq`` real tokens (half prompt, half response). Output: one TSV row per
+case and runner (step seconds, tokens/s per GPU, peak allocated/reserved GB) and the worker's
+throughput as a fraction of the bare loop's.
+
+    python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
+    python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = {
+    "zero1": {"zero_stage": 1, "offload": "none", "param_offload": False},
+    "zero2": {"zero_stage": 2, "offload": "none", "param_offload": False},
+    "zero3": {"zero_stage": 3, "offload": "none", "param_offload": False},
+    "zero2_offload": {"zero_stage": 2, "offload": "cpu", "param_offload": False},
+    "zero3_offload": {"zero_stage": 3, "offload": "cpu", "param_offload": True},
+}
+RUNNERS = ("worker", "bare")
+COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb", "max_reserved_gb",
+           "worker_vs_bare")
+
+
+def _model_config(shape: str):
+    from repro.data.tiny_model import TinyShape, qwen3_0p6b_config, tiny_config
+
+    if shape == "qwen3-0.6b":
+        return qwen3_0p6b_config()
+    if shape == "tiny":
+        return tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                           shape=TinyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                                           max_position_embeddings=2048))
+    raise ValueError(f"--shape={shape!r} is not valid; choose one of ['tiny', 'qwen3-0.6b']")
+
+
+def make_model_dir(shape: str, out: Path) -> Path:
+    """A randomly initialised model of ``shape`` saved as a Hugging Face folder (once)."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+
+    from repro.data.tiny_model import build_model
+
+    model = build_model(_model_config(shape), seed=0, dtype=torch.bfloat16 if shape != "tiny" else torch.float32)
+    model.save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def _run_config(model_dir: str, case: str, args: argparse.Namespace, world: int):
+    from repro.config import DeepSpeedConfig, RunConfig
+
+    cfg = RunConfig()
+    cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes = world, 1
+    per_rank = args.micro * args.gas
+    cfg.data.train_batch_size = per_rank * world
+    cfg.data.max_prompt_length = args.seq // 2
+    cfg.data.max_response_length = args.seq - args.seq // 2
+    arr = cfg.actor_rollout_ref
+    arr.rollout.n = 1
+    arr.model.path = model_dir
+    arr.model.enable_gradient_checkpointing = not args.no_gradient_checkpointing
+    actor = arr.actor
+    actor.ppo_mini_batch_size = per_rank * world
+    actor.ppo_micro_batch_size_per_gpu = args.micro
+    actor.optim.lr = 1e-6
+    actor.deepspeed = DeepSpeedConfig(**CASES[case], step_each_micro=False, fp32_grad_accum=False)
+    return cfg
+
+
+def _batch(args: argparse.Namespace, vocab: int, rank: int):
+    import torch
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    b, p = args.micro * args.gas, args.seq // 2
+    r = args.seq - p
+    input_ids = torch.randint(3, vocab, (b, args.seq), generator=gen)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(b, args.seq, dtype=torch.long),
+        "position_ids": torch.arange(args.seq).expand(b, -1).clone(),
+        "responses": input_ids[:, p:].clone(),
+        "response_mask": torch.ones(b, r, dtype=torch.long),
+        "old_log_probs": -torch.rand(b, r, generator=gen) * 5,
+        "advantages": torch.randn(b, r, generator=gen),
+    }
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
+        torch.cuda.synchronize()
+
+
+def _child(args: argparse.Namespace) -> None:
+    """One rank of one (case, runner): train ``warmup + steps`` steps and report step times."""
+    import torch
+    import torch.distributed as dist
+
+    from repro.distributed import init_distributed
+    from repro.workers.engine import memory_metrics
+
+    init_distributed()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = _run_config(args.model_dir, args.case, args, world)
+    batch = _batch(args, _model_config(args.shape).vocab_size, rank)
+    times = []
+    if args.runner == "worker":
+        from repro.workers.actor import ActorWorker
+
+        worker = ActorWorker(cfg)
+        for _ in range(args.warmup + args.steps):
+            _sync()
+            start = time.perf_counter()
+            worker.update_policy(batch)
+            _sync()
+            times.append(time.perf_counter() - start)
+    else:
+        import deepspeed
+
+        from repro.batching import plan_role_batch
+        from repro.ds_config import build_ds_config
+        from repro.workers.engine import load_hf_model, torch_dtype
+
+        ds = cfg.actor_rollout_ref.actor.deepspeed
+        model = load_hf_model(cfg.actor_rollout_ref.model, torch_dtype(ds))
+        conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
+                               grad_clip=1.0, on_cuda=os.environ.get("DS_ACCELERATOR") != "cpu")
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
+        engine.train()
+        ids = batch["input_ids"].to(engine.device)
+        for _ in range(args.warmup + args.steps):
+            _sync()
+            start = time.perf_counter()
+            for g in range(args.gas):
+                mb = ids[g * args.micro:(g + 1) * args.micro]
+                loss = engine(input_ids=mb, labels=mb, use_cache=False).loss
+                engine.backward(loss)
+                engine.step()
+            _sync()
+            times.append(time.perf_counter() - start)
+    measured = times[args.warmup:]
+    step_s = statistics.median(measured)
+    mem = memory_metrics()
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, {"step_s": step_s, "alloc": mem["perf/max_memory_allocated_gb"],
+                                      "reserved": mem["perf/max_memory_reserved_gb"]})
+    if rank == 0:
+        row = {
+            "case": args.case, "runner": args.runner,
+            "step_s": max(g["step_s"] for g in gathered),
+            "max_allocated_gb": max(g["alloc"] for g in gathered),
+            "max_reserved_gb": max(g["reserved"] for g in gathered),
+        }
+        row["tokens_per_s_per_gpu"] = args.micro * args.gas * args.seq / row["step_s"]
+        Path(args.result).write_text(json.dumps(row))
+    dist.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, workdir: Path) -> dict:
+    """Start ``nproc`` rank processes for one (case, runner), torchrun-style, and read rank 0's row."""
+    port = _free_port()
+    result = workdir / f"{case}_{runner}.json"
+    log = workdir / f"{case}_{runner}.log"
+    cmd = [sys.executable, "-m", "repro.bench.workers", "--child", "--case", case, "--runner", runner,
+           "--model-dir", str(model_dir), "--result", str(result), "--shape", args.shape,
+           "--seq", str(args.seq), "--micro", str(args.micro), "--gas", str(args.gas),
+           "--steps", str(args.steps), "--warmup", str(args.warmup)]
+    if args.no_gradient_checkpointing:
+        cmd.append("--no-gradient-checkpointing")
+    procs = []
+    with open(log, "w") as out:
+        for rank in range(args.nproc):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(args.nproc), LOCAL_RANK=str(rank),
+                       LOCAL_WORLD_SIZE=str(args.nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            procs.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
+        deadline = time.monotonic() + args.timeout
+        codes = []
+        for p in procs:
+            try:
+                codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    if any(c != 0 for c in codes) or not result.is_file():
+        tail = log.read_text()[-4000:]
+        raise RuntimeError(f"{case}/{runner} failed (exit codes {codes}); log {log}:\n{tail}")
+    return json.loads(result.read_text())
+
+
+def _format(rows: list[dict]) -> str:
+    bare = {r["case"]: r for r in rows if r["runner"] == "bare"}
+    lines = ["\t".join(COLUMNS)]
+    for r in rows:
+        ratio = ""
+        if r["runner"] == "worker" and r["case"] in bare:
+            ratio = f"{r['tokens_per_s_per_gpu'] / bare[r['case']]['tokens_per_s_per_gpu']:.3f}"
+        lines.append("\t".join([r["case"], r["runner"], f"{r['step_s']:.4f}", f"{r['tokens_per_s_per_gpu']:.1f}",
+                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b (GPU) or tiny (CPU smoke run)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help="worker,bare")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks per case")
+    parser.add_argument("--seq", type=int, default=1024, help="tokens per sample (half prompt, half response)")
+    parser.add_argument("--micro", type=int, default=2)
+    parser.add_argument("--gas", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=5, help="measured steps (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--no-gradient-checkpointing", action="store_true")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per case and runner")
+    parser.add_argument("--workdir", default=None, help="model folder, logs and per-case results")
+    parser.add_argument("--out", default=None, help="also write the TSV here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--runner", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+    cases = [c for c in args.cases.split(",") if c]
+    runners = [r for r in args.runners.split(",") if r]
+    for c in cases:
+        if c not in CASES:
+            raise ValueError(f"--cases: {c!r} is not valid; choose from {list(CASES)}")
+    for r in runners:
+        if r not in RUNNERS:
+            raise ValueError(f"--runners: {r!r} is not valid; choose from {list(RUNNERS)}")
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="repro_bench_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
+    rows = []
+    for case in cases:
+        for runner in runners:
+            rows.append(_launch(args, case, runner, model_dir, workdir))
+            print(f"# {case}/{runner}: {rows[-1]['step_s']:.3f} s/step", file=sys.stderr, flush=True)
+    table = _format(rows)
+    print(table, flush=True)
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
