@@ -169,26 +169,24 @@ class ActorWorker:
                 pg = compute_policy_loss(mb["old_log_probs"].float(), log_prob, mb["advantages"].float(), mask,
                                          low, high, a.clip_ratio_c, a.loss_agg_mode, **denoms)
                 loss = pg.loss
+                # Statistics stay tensors (no device sync per micro-batch); read once per update.
+                tokens = mask.sum()
+                stats = {
+                    "actor/pg_loss": pg.loss.detach() * dp,
+                    "actor/pg_clipfrac": pg.clipfrac * tokens,
+                    "actor/pg_clipfrac_lower": pg.clipfrac_lower * tokens,
+                    "actor/ppo_kl": pg.ppo_kl.detach() * tokens,
+                }
                 if a.entropy_coeff != 0:
+                    # Without an entropy bonus the trainer reports entropy from compute_log_prob.
                     entropy = entropy_from_logits(logits.float())
                     loss = loss - a.entropy_coeff * agg_loss(entropy, mask, a.loss_agg_mode, **denoms)
-                else:
-                    with torch.no_grad():
-                        entropy = entropy_from_logits(logits.float())
-                tokens = float(mask.sum())
-                stats = {
-                    "actor/pg_loss": pg.loss.item() * dp,
-                    "actor/pg_clipfrac": pg.clipfrac.item() * tokens,
-                    "actor/pg_clipfrac_lower": pg.clipfrac_lower.item() * tokens,
-                    "actor/ppo_kl": pg.ppo_kl.item() * tokens,
-                    "actor/entropy": float((entropy.detach() * mask).sum()),
-                }
+                    stats["actor/entropy"] = (entropy.detach() * mask).sum()
                 if a.use_kl_loss:
                     kl = kl_penalty(log_prob, mb["ref_log_prob"].float(), a.kl_loss_type)
                     kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **denoms)
                     loss = loss + a.kl_loss_coef * kl_loss
-                    stats["actor/kl_loss"] = kl_loss.item() * dp
-                    stats["actor/kl_coef"] = a.kl_loss_coef
+                    stats["actor/kl_loss"] = kl_loss.detach() * dp
                 # DeepSpeed averages gradients over the dp ranks; the loss already divides by the
                 # global count, so undo the average.
                 return loss * dp, stats
@@ -202,14 +200,14 @@ class ActorWorker:
     def _metrics(self, results: list, token_weights: list[float]) -> dict[str, float]:
         per_update = []
         for res, tokens in zip(results, token_weights, strict=True):
-            summed = {k: sum(s.get(k, 0.0) for s in res.stats) for k in {k for s in res.stats for k in s}}
+            summed = {k: float(sum(s.get(k, 0.0) for s in res.stats)) for k in {k for s in res.stats for k in s}}
             for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy"):
                 if key in summed:
                     summed[key] /= max(tokens, 1.0)
-            if "actor/kl_coef" in summed:
-                summed["actor/kl_coef"] = self.acfg.kl_loss_coef
             per_update.append(summed)
         metrics = mean_stats(per_update)
+        if self.acfg.use_kl_loss:
+            metrics["actor/kl_coef"] = self.acfg.kl_loss_coef
         applied = [r for r in results if not r.skipped]
         norms = [r.grad_norm for r in applied]
         metrics["actor/grad_norm"] = sum(norms) / len(norms) if norms else float("nan")

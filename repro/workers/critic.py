@@ -90,11 +90,11 @@ class CriticWorker:
                 vpreds = self._values(mb)
                 vf = compute_value_loss(vpreds, mb["returns"].float(), mb["values"].float(), mask,
                                         c.cliprange_value, c.loss_agg_mode, **denoms)
-                tokens = float(mask.sum())
-                stats = {
-                    "critic/vf_loss": vf.loss.item() * dp,
-                    "critic/vf_clipfrac": vf.clipfrac.item() * tokens,
-                    "critic/vpred_mean": masked_mean(vpreds.detach(), mask).item() * tokens,
+                tokens = mask.sum()
+                stats = {  # tensors: read once per update, not once per micro-batch
+                    "critic/vf_loss": vf.loss.detach() * dp,
+                    "critic/vf_clipfrac": vf.clipfrac * tokens,
+                    "critic/vpred_mean": masked_mean(vpreds.detach(), mask) * tokens,
                 }
                 return vf.loss * dp, stats
 
@@ -103,7 +103,7 @@ class CriticWorker:
         self.updates += 1
         per_update = []
         for res, tokens in zip(results, weights, strict=True):
-            summed = {k: sum(s[k] for s in res.stats) for k in res.stats[0]} if res.stats else {}
+            summed = {k: float(sum(s[k] for s in res.stats)) for k in res.stats[0]} if res.stats else {}
             for key in ("critic/vf_clipfrac", "critic/vpred_mean"):
                 if key in summed:
                     summed[key] /= max(tokens, 1.0)

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
-# Returns the micro-batch's loss (already weighted by the mini-batch's global counts) and
-# statistics to average; called once per micro-batch.
-LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, float]]]
+# Returns the micro-batch's loss (already weighted by the mini-batch's global counts) and its
+# statistics (floats or 0-d tensors, summed by the caller); called once per micro-batch.
+LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, Any]]]
 
 
 def device() -> torch.device:
@@ -142,7 +142,7 @@ class StepResult:
     """Learning rate the update used."""
     skipped: bool
     """True when no update was applied (non-finite grad norm, or no active micro-batch)."""
-    stats: list[dict[str, float]] = field(default_factory=list)
+    stats: list[dict[str, Any]] = field(default_factory=list)
     """The loss function's statistics, one dict per micro-batch that ran."""
     micro_batches_skipped: int = 0
     """Micro-batches whose forward/backward was skipped as inactive."""
