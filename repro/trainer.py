@@ -77,17 +77,17 @@ class PPOTrainer:
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
         from transformers import AutoTokenizer
 
-        from repro._prompt_adapter import PromptDataset
+        from repro.data.prompts import PromptDataset
         from repro.rewards import get_reward_fn
 
         self.cfg, self.paths = cfg, paths
         self.get_reward_fn = get_reward_fn
         model = cfg.actor_rollout_ref.model
         self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path)
-        self.train_ds = PromptDataset(cfg.data.train_files, self.tokenizer, cfg.data)
-        self.val_ds = PromptDataset(cfg.data.val_files, self.tokenizer, cfg.data)
+        self.train_ds = PromptDataset.from_config(cfg.data.train_files, self.tokenizer, cfg.data)
+        self.val_ds = PromptDataset.from_config(cfg.data.val_files, self.tokenizer, cfg.data, shuffle=False)
         self.batch_size = cfg.data.train_batch_size
-        self.steps_per_epoch = len(self.train_ds) // self.batch_size
+        self.steps_per_epoch = self.train_ds.steps_per_epoch(self.batch_size)
         if self.steps_per_epoch < 1:
             raise ValueError(
                 f"data.train_batch_size={self.batch_size} is larger than the {len(self.train_ds)} prompts "
@@ -104,15 +104,9 @@ class PPOTrainer:
 
     # ---- data --------------------------------------------------------------------------------
     def step_indices(self, step: int) -> list[int]:
-        """Prompt indices of ``step`` (1-based): epoch-wise permutation seeded by (data.seed, epoch)."""
+        """Prompt indices of ``step`` (1-based): the dataset's epoch order, a full batch per step."""
         epoch, k = divmod(step - 1, self.steps_per_epoch)
-        n = len(self.train_ds)
-        if self.cfg.data.shuffle:
-            gen = torch.Generator().manual_seed(self.cfg.data.seed * 1_000_003 + epoch)
-            order = torch.randperm(n, generator=gen).tolist()
-        else:
-            order = list(range(n))
-        return order[k * self.batch_size:(k + 1) * self.batch_size]
+        return self.train_ds.order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]
 
     # ---- one RL step --------------------------------------------------------------------------
     def _rollout(self, items: list[dict[str, Any]], n: int, step: int, purpose: str,
