@@ -42,6 +42,21 @@ def _nvml_used_gb() -> float | None:
         return None
 
 
+def _quiet_libraries() -> None:
+    """Rank output reaches the driver's terminal through Ray: keep library chatter out of it."""
+    import warnings
+
+    import transformers
+
+    level = os.environ.get("REPRO_DS_LOG_LEVEL", "WARNING")
+    for name in ("DeepSpeed", "deepspeed"):
+        logging.getLogger(name).setLevel(level)
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    # torch.distributed deprecation notices raised inside DeepSpeed's ZeRO code, once per call site.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+
+
 class HybridWorker:
     """Actor (+ reference) + optional critic + rollout of one rank."""
 
@@ -50,8 +65,7 @@ class HybridWorker:
         from repro.workers.actor import ActorWorker
         from repro.workers.rollout_hf import make_rollout
 
-        for name in ("DeepSpeed", "deepspeed"):
-            logging.getLogger(name).setLevel(os.environ.get("REPRO_DS_LOG_LEVEL", "WARNING"))
+        _quiet_libraries()
         init_distributed()
         self.cfg = cfg
         self.rank = torch.distributed.get_rank()

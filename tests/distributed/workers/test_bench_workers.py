@@ -1,0 +1,25 @@
+"""The worker benchmark runs end to end on CPU at the tiny shape and prints its TSV table."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def test_bench_tiny_shape_prints_worker_and_bare_rows(tmp_path):
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "repro.bench.workers", "--shape", "tiny", "--cases", "zero2", "--steps", "1",
+           "--warmup", "0", "--seq", "32", "--workdir", str(tmp_path), "--out", str(tmp_path / "bench.tsv"),
+           "--timeout", "100"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = (tmp_path / "bench.tsv").read_text().splitlines()
+    assert lines[0].split("\t") == ["case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb",
+                                    "max_reserved_gb", "worker_vs_bare"]
+    rows = {tuple(line.split("\t")[:2]): line.split("\t") for line in lines[1:]}
+    assert set(rows) == {("zero2", "worker"), ("zero2", "bare")}
+    for row in rows.values():
+        assert float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0
+    assert float(rows[("zero2", "worker")][6]) > 0
+    assert proc.stdout.strip().splitlines() == lines
