@@ -101,6 +101,7 @@ class WorkerGroup:
         self.nnodes = cfg.trainer.nnodes
         self.world = self.per_node * self.nnodes
         bundle = self._bundle()
+        self._check_resources(bundle)
         self._pgs = [placement_group([dict(bundle)] * self.per_node, strategy="STRICT_PACK")
                      for _ in range(self.nnodes)]
         try:
@@ -143,6 +144,18 @@ class WorkerGroup:
         # OMP_NUM_THREADS=1 is what actually keeps ranks from oversubscribing the cores.
         return {"CPU": max(0.01, min(0.5, total / (self.world + 1)))}
 
+    def _check_resources(self, bundle: dict[str, float]) -> None:
+        """Fail at once (not after the placement timeout) when the cluster cannot hold the ranks."""
+        have = ray.cluster_resources()
+        for key, per_rank in bundle.items():
+            if have.get(key, 0.0) < per_rank * self.world:
+                raise ValueError(
+                    f"trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.per_node} = {self.world} ranks "
+                    f"need {per_rank * self.world:g} {key} in the Ray cluster, which has {have.get(key, 0.0):g}; "
+                    + ("lower trainer.n_gpus_per_node or use trainer.device=cpu" if key == "GPU"
+                       else "lower trainer.n_gpus_per_node")
+                )
+
     def _rank_env(self, rank: int, local_rank: int) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k.startswith(_PASS_PREFIXES)}
         repro_root = str(Path(__file__).resolve().parent.parent)
@@ -156,7 +169,8 @@ class WorkerGroup:
         )
         if self.gpu:
             env["REPRO_GPU_ISOLATED"] = "1"
-            env.pop("DS_ACCELERATOR", None)
+            # Explicit, so a driver environment that says cpu (the CPU test suites) cannot leak in.
+            env["DS_ACCELERATOR"] = "cuda"
         else:
             env["DS_ACCELERATOR"] = "cpu"
         return env

@@ -109,7 +109,7 @@ class MetricsLog:
                 # A row cut short by a kill in the middle of a write: it was never complete.
                 log.warning("metrics.tsv: dropping a partial row (%d of %d cells)", len(cells), len(self.columns))
                 continue
-            row = {c: _parse(v) for c, v in zip(self.columns, cells)}
+            row = {c: _parse(v) for c, v in zip(self.columns, cells, strict=True)}
             row[STEP] = int(row[STEP])
             self.rows.append(row)
 
@@ -162,7 +162,8 @@ def _finite(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
 
 
-def summarize(rows: list[Mapping[str, Any]], wall_s: float | None = None) -> dict[str, Any]:
+def summarize(rows: list[Mapping[str, Any]], wall_s: float | None = None,
+              val_before_train: float | None = None) -> dict[str, Any]:
     """The run's headline figures from its metric rows."""
     scores = [r.get(SCORE) for r in rows]
     finite_scores = _finite(scores)
@@ -195,6 +196,8 @@ def summarize(rows: list[Mapping[str, Any]], wall_s: float | None = None) -> dic
             1 for r in rows for k in LOSS_KEYS if isinstance(r.get(k), float) and not math.isfinite(r[k])
         ),
     }
+    if val_before_train is not None:
+        out["val_before_train"] = val_before_train
     if wall_s is not None:
         out["wall_s"] = round(wall_s, 2)
     return out
@@ -212,8 +215,9 @@ def read_summary(path: str | os.PathLike[str]) -> dict[str, Any]:
     return {k: _parse(v) for k, v in (line.split("\t", 1) for line in lines if line)}
 
 
-def plot_curves(rows: list[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "") -> None:
-    """``curves.png``: score, throughput, memory and losses against step."""
+def plot_curves(rows: list[Mapping[str, Any]], path: str | os.PathLike[str], title: str = "",
+                val_before_train: float | None = None) -> None:
+    """``curves.png``: score, throughput, memory and losses against step (validation at step 0 if given)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -222,17 +226,21 @@ def plot_curves(rows: list[Mapping[str, Any]], path: str | os.PathLike[str], tit
     steps = [r[STEP] for r in rows]
 
     def series(key: str) -> tuple[list[int], list[float]]:
-        pts = [(s, r[key]) for s, r in zip(steps, rows) if isinstance(r.get(key), float)]
+        pts = [(s, r[key]) for s, r in zip(steps, rows, strict=True) if isinstance(r.get(key), float)]
+        if key == VAL_SCORE and val_before_train is not None:
+            pts.insert(0, (0, val_before_train))
         return [p[0] for p in pts], [p[1] for p in pts]
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [
-        (axes[0][0], "score", [(SCORE, "train score"), (VAL_SCORE, "val score")]),
-        (axes[0][1], "tokens/s per rank", [(THROUGHPUT, "perf/throughput")]),
-        (axes[1][0], "GB", [(RESERVED, "max reserved"), (ALLOCATED, "max allocated"), (NVML_USED, "NVML used")]),
-        (axes[1][1], "loss", [(k, k) for k in LOSS_KEYS]),
+        (axes[0][0], "score", "mean score (train: sampled; val: greedy)", [(SCORE, "train score"), (VAL_SCORE, "val score")]),
+        (axes[0][1], "tokens/s per rank", "throughput", [(THROUGHPUT, "perf/throughput")]),
+        (axes[1][0], "GB", "peak memory per rank (process RSS on CPU)",
+         [(RESERVED, "max reserved"), (ALLOCATED, "max allocated"), (NVML_USED, "NVML used")]),
+        (axes[1][1], "value", "losses and entropy", [(k, k) for k in LOSS_KEYS]),
     ]
-    for ax, ylabel, keys in panels:
+    for ax, ylabel, panel_title, keys in panels:
+        ax.set_title(panel_title, fontsize=9)
         drawn = False
         for key, label in keys:
             xs, ys = series(key)

@@ -36,6 +36,7 @@ _TINY_TASK = [
     "trainer.nnodes=1",
     "trainer.total_training_steps=60",
     "trainer.test_freq=10",
+    "trainer.val_before_train=True",
     "trainer.save_freq=20",
     "trainer.seed=1",
 ]

@@ -50,7 +50,7 @@ def concat_batches(shards: Sequence[Mapping[str, torch.Tensor]]) -> Batch:
 def decode_responses(tokenizer: Any, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
     """Text of each response's real tokens (special tokens such as EOS dropped)."""
     lengths = response_mask.sum(dim=1).tolist()
-    seqs = [row[: int(n)].tolist() for row, n in zip(responses, lengths)]
+    seqs = [row[: int(n)].tolist() for row, n in zip(responses, lengths, strict=True)]
     return tokenizer.batch_decode(seqs, skip_special_tokens=True)
 
 
@@ -63,7 +63,7 @@ def score_responses(
 ) -> torch.Tensor:
     """One float score per response from its data source's reward function."""
     scores = [float(get_reward_fn(src)(text, gt, **reward_kwargs))
-              for text, src, gt in zip(texts, data_sources, ground_truths)]
+              for text, src, gt in zip(texts, data_sources, ground_truths, strict=True)]
     return torch.tensor(scores, dtype=torch.float32)
 
 

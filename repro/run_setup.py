@@ -43,9 +43,13 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     cfg = copy.deepcopy(cfg)
     models = [cfg.actor_rollout_ref.model, cfg.critic.model]
     if any(m.path == TINY for m in models):
+        import torch
+
         from repro.data.sft import ensure_tiny_policy
 
-        tiny = str(ensure_tiny_policy())
+        # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
+        # and CPU and GPU runs then start from the same policy.
+        tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
         for m in models:
             if m.path == TINY:
                 m.path = tiny

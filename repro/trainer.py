@@ -54,6 +54,7 @@ from repro.run_setup import (
     RunPaths,
     choose_run_paths,
     resolve_builtin_assets,
+    run_state,
     setup_logging,
     write_config_yaml,
     write_run_state,
@@ -101,12 +102,20 @@ class PPOTrainer:
         self.kl_ctrl = KLController(kl.type, kl.kl_coef, kl.target_kl, kl.horizon)
         self.n = cfg.actor_rollout_ref.rollout.n
         self.group: WorkerGroup | None = None
+        self._weights_stale = True
 
     # ---- data --------------------------------------------------------------------------------
     def step_indices(self, step: int) -> list[int]:
         """Prompt indices of ``step`` (1-based): the dataset's epoch order, a full batch per step."""
         epoch, k = divmod(step - 1, self.steps_per_epoch)
         return self.train_ds.order(epoch)[k * self.batch_size:(k + 1) * self.batch_size]
+
+    def _sync_weights(self, version: int) -> None:
+        """Refresh the rollout copies from the actor when an update (or the start) left them stale."""
+        assert self.group is not None
+        if self._weights_stale:
+            self.group.execute_all_same("sync_weights", version)
+            self._weights_stale = False
 
     # ---- one RL step --------------------------------------------------------------------------
     def _rollout(self, items: list[dict[str, Any]], n: int, step: int, purpose: str,
@@ -137,7 +146,7 @@ class PPOTrainer:
         with timer("step", timings):
             items = [self.train_ds[i] for i in self.step_indices(step)]
             with timer("update_weights", timings):
-                self.group.execute_all_same("sync_weights", step)
+                self._sync_weights(step)
             with timer("gen", timings):
                 batch = self._rollout(items, self.n, step, "train")
             with timer("reward", timings):
@@ -165,6 +174,7 @@ class PPOTrainer:
             if step > cfg.trainer.critic_warmup:
                 with timer("update_actor", timings):
                     row.update(reduce_rank_metrics(self._fan("update_actor", batch, _ACTOR_KEYS)))
+                self._weights_stale = True
         row.update(batch_metrics(batch, scores, self.use_critic))
         row.update(timings)
         tokens = int(batch["attention_mask"].sum().item())
@@ -199,6 +209,7 @@ class PPOTrainer:
     # ---- validation ---------------------------------------------------------------------------
     def validate(self, step: int) -> dict[str, float]:
         vk = self.cfg.actor_rollout_ref.rollout.val_kwargs
+        self._sync_weights(step)
         items = [self.val_ds[i] for i in range(len(self.val_ds))]
         batch = self._rollout(items, vk.n, step, "val", temperature=vk.temperature, top_p=vk.top_p,
                               top_k=vk.top_k, do_sample=vk.do_sample)
@@ -251,12 +262,15 @@ class PPOTrainer:
                      self.paths.resumed_from, start, dropped)
         else:
             metrics.truncate_after(0)
-        write_run_state(run_dir, status="running", total_steps=self.total_steps)
+        fresh = {"val_before_train": None} if start == 0 else {}
+        write_run_state(run_dir, status="running", total_steps=self.total_steps, **fresh)
         log.info("run dir %s: steps %d..%d of %d (%d prompts x %d samples per step)", run_dir, start + 1,
                  self.total_steps, self.total_steps, self.batch_size, self.n)
-        if t.val_before_train and start == 0 and t.test_freq > 0:
-            val = self.validate(0)
-            log.info("validation before training: score %.4f", val["val/score/mean"])
+        if t.val_before_train and start == 0:
+            val0 = self.validate(0)["val/score/mean"]
+            write_run_state(run_dir, val_before_train=val0)
+            log.info("validation before training: score %.4f", val0)
+        val0 = run_state(run_dir).get("val_before_train")
         reporter = StepReporter(self.total_steps, start, t.progress)
         try:
             for step in range(start + 1, self.total_steps + 1):
@@ -269,16 +283,16 @@ class PPOTrainer:
                 reporter.update(step, self.total_steps, row)
                 if t.save_freq > 0 and (step % t.save_freq == 0 or last):
                     self.save(step)
-                write_summary(run_dir / "summary.tsv", summarize(metrics.rows))
+                write_summary(run_dir / "summary.tsv", summarize(metrics.rows, val_before_train=val0))
                 if step % 10 == 0 or last:
-                    plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name)
+                    plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name, val_before_train=val0)
         finally:
             reporter.close()
             self.group.shutdown()
         wall = time.time() - started
-        summary = summarize(metrics.rows, wall_s=wall)
+        summary = summarize(metrics.rows, wall_s=wall, val_before_train=val0)
         write_summary(run_dir / "summary.tsv", summary)
-        plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name)
+        plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name, val_before_train=val0)
         write_run_state(run_dir, status="finished", wall_s=round(wall, 2), last_step=self.total_steps)
         log.info("finished %d step(s) in %.1f s: score %s -> %s (tail-5 mean %s); outputs in %s",
                  summary["steps"], wall, _f(summary["first_score"]), _f(summary["last_score"]),

@@ -14,8 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 from repro.metrics import MetricsLog, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,6 +87,9 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path):
                                    "perf/max_memory_reserved_gb"))
     assert "critic/vf_loss" not in rows[0] and "timing_s/values" not in rows[0]
     assert isinstance(rows[-1]["val/score/mean"], float) and rows[0]["val/score/mean"] is None
+    # Validation before training runs on the warm-started policy (~0.3 greedy accuracy), not on
+    # the rollout copy's initial weights: a missing weight sync shows up as ~0 here.
+    assert read_summary(out / "summary.tsv")["val_before_train"] > 0.1
     assert "finished 3 step(s)" in (out / "train.log").read_text()
 
 
@@ -115,17 +116,21 @@ def _wait_for_checkpoint(proc: subprocess.Popen, marker: Path, step: int, timeou
 def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
     common = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _run("grpo_tiny", common + [f"trainer.output_dir={straight}"], tmp_path)
-
-    cmd = _command("grpo_tiny", common + [f"trainer.output_dir={resumed}"])
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    # The uninterrupted reference runs alongside the run that gets killed (start-up dominates).
+    reference = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={straight}"]), cwd=ROOT,
+                                 env=_env(tmp_path / "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, start_new_session=True)
+    victim = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={resumed}"]), cwd=ROOT,
+                              env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     try:
-        _wait_for_checkpoint(proc, resumed / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 240)
+        _wait_for_checkpoint(victim, resumed / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 240)
     finally:
         # kill -9 the whole job: the driver and the Ray processes it started.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        os.killpg(victim.pid, signal.SIGKILL)
+        victim.wait()
+        ref_out, _ = reference.communicate(timeout=240)
+    assert reference.returncode == 0, ref_out[-6000:]
     assert '"status": "running"' in (resumed / "run.json").read_text()
 
     _run("grpo_tiny", common + [f"trainer.output_dir={resumed}"], tmp_path)
@@ -133,6 +138,7 @@ def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
     a = MetricsLog(straight / "metrics.tsv").rows
     b = MetricsLog(resumed / "metrics.tsv").rows
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for ra, rb in zip(a, b):
+    assert [r["step"] for r in a] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
         for key in DETERMINISTIC:
             assert ra[key] == rb[key], f"step {ra['step']} {key}: uninterrupted {ra[key]} vs resumed {rb[key]}"

@@ -134,6 +134,8 @@ def test_grpo_tiny_score_rises_within_memory_budget(case, zero, steps, margin, t
         "trainer.test_freq=10",
         "trainer.save_freq=-1",
         f"trainer.experiment_name={case}",
+        # auto = bf16 on CUDA (DeepSpeed keeps fp32 master weights); REPRO_GATE_TINY_DTYPE=float32 to compare.
+        f"actor_rollout_ref.actor.deepspeed.model_dtype={os.environ.get('REPRO_GATE_TINY_DTYPE', 'auto')}",
     ]
     cmd = _run(overrides, out, timeout)
     rows = MetricsLog(out / "metrics.tsv").rows

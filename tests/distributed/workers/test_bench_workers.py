@@ -22,4 +22,4 @@ def test_bench_tiny_shape_prints_worker_and_bare_rows(tmp_path):
     for row in rows.values():
         assert float(row[2]) > 0 and float(row[3]) > 0 and float(row[4]) > 0
     assert float(rows[("zero2", "worker")][6]) > 0
-    assert proc.stdout.strip().splitlines() == lines
+    assert [line.rstrip("\t") for line in proc.stdout.strip().splitlines()] == [line.rstrip("\t") for line in lines]
