@@ -1,9 +1,10 @@
 """Test sessions. They run in the interpreter that runs nox (set up by scripts/setup.sh, or the
 GPU machine's own environment with its CUDA torch), so no session re-installs torch or DeepSpeed.
 
-    nox -s unit         pure-CPU unit and property tests (under a minute)
+    nox -s unit         pure-CPU unit and property tests (under a minute; `slow` ones excluded)
     nox -s distributed  real multi-rank DeepSpeed on 2 gloo ranks per test, 2 xdist workers
-    nox -s tests        unit + distributed: what CI runs
+    nox -s slow         the `slow`-marked unit tests (tiny-policy SFT build, JIT-built DeepSpeed ops)
+    nox -s tests        unit, then distributed + slow: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
     nox -s lint         ruff
 """
@@ -30,7 +31,7 @@ def _profile() -> dict[str, str]:
 @nox.session
 def unit(session: nox.Session) -> None:
     """Unit and property tests, one process."""
-    session.run(*PYTEST, "tests/unit", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
+    session.run(*PYTEST, "tests/unit", "-m", "not slow", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
 
 
 @nox.session
@@ -40,10 +41,19 @@ def distributed(session: nox.Session) -> None:
 
 
 @nox.session
+def slow(session: nox.Session) -> None:
+    """Slow unit tests: builds and JIT compiles that the fast suite leaves out."""
+    session.run(*PYTEST, "tests/unit", "-m", "slow", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
-    """What CI runs: unit, then distributed (slow-marked tests included, GPU gate excluded)."""
+    """What CI runs: the fast unit suite, then distributed and slow tests on 2 workers (no GPU gate)."""
     unit(session)
-    distributed(session)
+    session.run(
+        *PYTEST, "tests/distributed", "tests/unit", "-m", "distributed or slow", "-n", "2", "-q",
+        *session.posargs, env={**CPU_ENV, **_profile()},
+    )
 
 
 @nox.session
