@@ -116,7 +116,6 @@ def _sync() -> None:
 
 def _child(args: argparse.Namespace) -> None:
     """One rank of one (case, runner): train ``warmup + steps`` steps and report step times."""
-    import torch
     import torch.distributed as dist
 
     from repro.distributed import init_distributed

@@ -3,7 +3,9 @@
 ``ActorWorker(cfg, "actor")`` trains the policy on DeepSpeed (``actor_rollout_ref.actor``);
 ``ActorWorker(cfg, "ref")`` is the same model frozen (``actor_rollout_ref.ref``: a ZeRO-3
 inference engine, or a plain module below ZeRO-3) that only gives reference log-probs.
-Batches use verl's padded layout (see ``docs`` of :mod:`repro.workers`); each rank gets its shard.
+Batches use verl's padded layout (``input_ids``/``attention_mask``/``position_ids`` ``[B, P+R]``,
+``responses``/``response_mask`` ``[B, R]``, plus ``old_log_probs``, ``advantages`` and optionally
+``ref_log_prob`` for updates); each rank gets its own shard.
 """
 
 from __future__ import annotations

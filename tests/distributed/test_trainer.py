@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from repro.metrics import MetricsLog, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +115,7 @@ def _wait_for_checkpoint(proc: subprocess.Popen, marker: Path, step: int, timeou
     raise AssertionError(f"no step-{step} checkpoint within {timeout} s")
 
 
+@pytest.mark.slow  # three real jobs (two at once): about 90-105 s on 2 cores
 def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
     common = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

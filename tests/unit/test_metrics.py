@@ -79,3 +79,12 @@ def test_curves_png_is_written(tmp_path):
 def test_row_without_step_is_rejected(tmp_path):
     with pytest.raises(ValueError, match="step"):
         MetricsLog(tmp_path / "m.tsv").append({"critic/score/mean": 1.0})
+
+
+def test_progress_bar_mode_reports_without_error(capsys):
+    from repro.metrics import StepReporter
+
+    reporter = StepReporter(total=2, start=0, mode="bar")
+    reporter.update(1, 2, {**_row(1, 0.25), "timing_s/step": 1.0, "val/score/mean": 0.5})
+    reporter.close()
+    assert "score=0.250" in capsys.readouterr().err

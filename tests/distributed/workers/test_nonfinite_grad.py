@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import math
 
-from tests.distributed.workers.helpers import ZERO3_PARTITION_ALL, make_cfg, make_model_dir, make_step_batch, params_of, shard
+from tests.distributed.workers.helpers import (
+    ZERO3_PARTITION_ALL,
+    make_cfg,
+    make_model_dir,
+    make_step_batch,
+    params_of,
+    shard,
+)
 
 STAGES = (1, 2, 3)
 

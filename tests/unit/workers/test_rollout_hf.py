@@ -108,3 +108,11 @@ def test_vllm_rollout_without_vllm_suggests_hf(model_dir):
     cfg.actor_rollout_ref.rollout.name = "vllm"
     with pytest.raises(ValueError, match="rollout.name=hf"):
         make_rollout(cfg)
+
+
+def test_greedy_generation_is_the_same_in_micro_batches(model_dir):
+    r = _rollout(model_dir)
+    prompts = _prompts(model_dir[2]) * 2
+    whole = r.generate(prompts, n=1, do_sample=False, prompt_pad_to=14)
+    chunked = r.generate(prompts, n=1, do_sample=False, prompt_pad_to=14, micro_batch_size=1)
+    assert all(torch.equal(whole[k], chunked[k]) for k in whole)
