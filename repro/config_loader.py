@@ -29,7 +29,11 @@ from repro import config as C
 from repro.batching import ROLE_PREFIXES, plan_role_batch
 from repro.config import NO_EFFECT_KEYS, ConfigFieldError, RunConfig, critic_enabled, ref_policy_used
 
-CONFIG_NAMES = ("ppo_trainer",)
+from repro.presets import PRESETS
+
+# `ppo_trainer` is the verl-shaped root; each preset is `ppo_trainer` plus its override list
+# (command-line overrides come after it, so they win).
+CONFIG_NAMES = ("ppo_trainer", *PRESETS)
 # group -> (package it must be placed at, its options). Aliases keep older PR command lines working.
 CONFIG_GROUPS: dict[str, tuple[str, tuple[str, ...]]] = {
     "actor": ("actor_rollout_ref.actor", ("ds_actor", "deepspeed_actor")),
@@ -180,6 +184,9 @@ def load_config(
         raise ValueError(f"config name {config_name!r} is not known; choose one of {list(CONFIG_NAMES)}")
     register_configs()
     environ = dict(os.environ) if environ is None else dict(environ)
+    if config_name in PRESETS:
+        overrides = [*PRESETS[config_name], *overrides]
+        config_name = "ppo_trainer"
     lines, notes = check_overrides(list(overrides))
     lines, more = _deprecated_micro_keys(lines)
     notes += more
