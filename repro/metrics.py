@@ -235,7 +235,7 @@ def plot_curves(rows: list[Mapping[str, Any]], path: str | os.PathLike[str], tit
     panels = [
         (axes[0][0], "score", "mean score (train: sampled; val: greedy)", [(SCORE, "train score"), (VAL_SCORE, "val score")]),
         (axes[0][1], "tokens/s per rank", "throughput", [(THROUGHPUT, "perf/throughput")]),
-        (axes[1][0], "GB", "peak memory per rank (process RSS on CPU)",
+        (axes[1][0], "GB", "peak memory per rank (torch allocator and NVML on GPU; process RSS on CPU)",
          [(RESERVED, "max reserved"), (ALLOCATED, "max allocated"), (NVML_USED, "NVML used")]),
         (axes[1][1], "value", "losses and entropy", [(k, k) for k in LOSS_KEYS]),
     ]

@@ -1,11 +1,11 @@
-"""Multi-rank test harness: run a function on N spawned ranks joined in a real gloo process group.
+"""Multi-rank test harness: run a function on N spawned ranks joined in a real process group.
 
 Every distributed test goes through :func:`run_ranks`. Each rank is a fresh ``spawn`` process
 that starts in :func:`_rank_main` (not in pytest's state): it redirects its stdout/stderr to a
-per-rank log file, sets the rank environment, creates the default process group on gloo with a
-``FileStore`` inside the test's tmp dir (no ports, so parallel pytest workers never clash),
-optionally hands that group to DeepSpeed, runs ``fn(rank, world_size, *args)`` and pickles the
-result to a file.
+per-rank log file, sets the rank environment, creates the default process group (gloo on CPU,
+or NCCL with one CUDA device per rank) with a ``FileStore`` inside the test's tmp dir (no
+ports, so parallel pytest workers never clash), optionally hands that group to DeepSpeed, runs
+``fn(rank, world_size, *args)`` and pickles the result to a file.
 
 The parent watches all ranks at once. The first rank that raises, exits non-zero or dies by a
 signal fails the run: its peers are killed at once and :class:`RankFailure` carries every
@@ -34,6 +34,10 @@ _STACK_DUMP_WAIT_S = 3.0
 # gloo must not give up on a collective before the harness does: the harness reports hangs
 # with stacks, a gloo timeout would only say "timed out".
 _GLOO_TIMEOUT_MARGIN_S = 120.0
+BACKENDS = ("gloo", "nccl")
+# NVLink multicast (NVLS) must stay off on the lent GPU machines (see DEVICE.md); set in every
+# NCCL rank so that a run never depends on the caller's environment for it.
+_NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 class RankFailure(AssertionError):
@@ -72,6 +76,7 @@ def _rank_main(
     env: dict[str, str],
     deepspeed: bool,
     timeout_s: float,
+    backend: str = "gloo",
 ) -> None:
     """Entry point of one spawned rank. Imports nothing heavy before the environment is set."""
     # Own process group: the parent can kill this rank together with anything it started.
@@ -101,10 +106,16 @@ def _rank_main(
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world_size),
             "MASTER_ADDR": "127.0.0.1",
-            "DS_ACCELERATOR": "cpu",
             "OMP_NUM_THREADS": "1",
         }
     )
+    if backend == "nccl":
+        # The root conftest sets DS_ACCELERATOR=cpu for CPU suites; NCCL ranks run DeepSpeed on
+        # CUDA (repro.distributed.on_cpu() is then False). CUDA_VISIBLE_DEVICES is left as given.
+        os.environ["DS_ACCELERATOR"] = "cuda"
+        os.environ.update(_NCCL_ENV)
+    else:
+        os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.update(env)
 
     import datetime
@@ -117,8 +128,11 @@ def _rank_main(
         # Unpickled only now, so the test module (and torch/DeepSpeed it imports) sees the env.
         fn, args = pickle.loads(payload)
         store = dist.FileStore(str(pathlib.Path(run_dir) / "filestore"), world_size)
+        if backend == "nccl":
+            # LOCAL_RANK == rank: one host, one visible device per rank.
+            torch.cuda.set_device(rank)
         dist.init_process_group(
-            backend="gloo",
+            backend=backend,
             store=store,
             rank=rank,
             world_size=world_size,
@@ -255,6 +269,7 @@ def run_ranks(
     args: tuple = (),
     env: dict[str, str] | None = None,
     deepspeed: bool = True,
+    backend: str = "gloo",
 ) -> list:
     """Run fn(rank, world_size, *args) on `world_size` spawned processes; return per-rank results (list indexed by rank).
 
@@ -262,13 +277,20 @@ def run_ranks(
     value is pickled back. ``timeout_s`` bounds the whole run, rank start-up (imports, process
     group, DeepSpeed init) included. ``env`` is applied after the harness's own variables, so
     it may override them. With ``deepspeed=True`` each rank also calls
-    ``repro.distributed.init_distributed()`` on the gloo group. Rank logs, results and the
+    ``repro.distributed.init_distributed()`` on the harness's group. Rank logs, results and the
     FileStore live in a fresh ``tmp_path/multirank<i>`` directory.
+
+    ``backend="gloo"`` (default) runs on CPU with ``DS_ACCELERATOR=cpu``. ``backend="nccl"``
+    gives rank r CUDA device r (``torch.cuda.set_device``), ``DS_ACCELERATOR=cuda`` and NVLink
+    multicast off (``NCCL_NVLS_ENABLE=0``, ``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``,
+    ``NVSHMEM_DISABLE_NVLS=1``); it needs ``world_size`` visible CUDA devices.
 
     Raises RankFailure on the first rank that raises, exits non-zero or dies by a signal (peers
     are killed), RankTimeout when ranks are still running after ``timeout_s``, and ValueError
-    for an unusable ``fn``/``args``/``world_size``/``timeout_s``.
+    for an unusable ``fn``/``args``/``world_size``/``timeout_s``/``backend``.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend={backend!r} is not supported; choose one of {list(BACKENDS)}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     if timeout_s <= 0:
@@ -287,7 +309,7 @@ def run_ranks(
     procs = [
         ctx.Process(
             target=_rank_main,
-            args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s)),
+            args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s), backend),
             name=f"multirank-rank{r}",
             daemon=True,
         )
