@@ -28,7 +28,6 @@ from typing import Any
 from repro import config as C
 from repro.batching import ROLE_PREFIXES, plan_role_batch
 from repro.config import NO_EFFECT_KEYS, ConfigFieldError, RunConfig, critic_enabled, ref_policy_used
-
 from repro.presets import PRESETS
 
 # `ppo_trainer` is the verl-shaped root; each preset is `ppo_trainer` plus its override list

@@ -32,7 +32,7 @@ bitwise. Kernels without a deterministic variant only warn, so the assertion all
 weight is off by O(1)); the test prints whether the match was bitwise.
 
 ``REPRO_GPU_WORKERS_ON_GLOO=1`` runs the same rank functions on 2 gloo CPU ranks (still in
-bf16) without the GPU gate: a check of the test logic on a machine without GPUs (about 3
+bf16) without the GPU gate: a check of the test logic on a machine without GPUs (about 2
 minutes on 2 cores). It proves nothing about NCCL or CUDA.
 """
 
