@@ -8,9 +8,10 @@ From code::
 Inside any launcher (torchrun, Ray workers): set ``REPRO_COLLECTIVES_TRACE=<dir>`` (and optionally
 ``REPRO_COLLECTIVES_CHECK=every|sample:N|off``, ``REPRO_COLLECTIVES_TIMEOUT_S``) and call
 :func:`install_from_env` early (``repro.distributed.init_distributed`` does), or start the script
-through ``python -m repro.collectives_trace run SCRIPT``. From the shell::
+through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``). From the shell::
 
     python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- script.py ARGS
+    python -m repro.collectives_trace launch --nproc-per-node 2 --out DIR -- -m package.module ARGS
     python -m repro.collectives_trace analyze DIR [--json]
     python -m repro.collectives_trace export DIR --chrome trace.json
 
@@ -168,16 +169,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import launch
+    from repro.collectives.launch import Target, launch
 
     CheckMode.parse(args.check, source="--check")
-    rest = list(args.script)
+    rest = list(args.target)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if not rest:
-        raise ValueError("launch needs a SCRIPT after '--'")
+    target = Target.parse(rest)
     out = pathlib.Path(args.out)
-    codes = launch(rest[0], rest[1:], args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s)
+    codes = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s)
     traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
     failed = {r: c for r, c in enumerate(codes) if c != 0}
     if div is not None:
@@ -203,6 +203,12 @@ def _exit(code: int) -> str:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     install_from_env()
+    if args.module is not None:
+        module, *rest = args.module
+        # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
+        sys.argv = [module, *rest]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return 0
     sys.argv = [args.script, *args.args]
     runpy.run_path(args.script, run_name="__main__")
     return 0
@@ -211,7 +217,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m repro.collectives_trace", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    la = sub.add_parser("launch", help="run SCRIPT on N local ranks with tracing; report on divergence")
+    la = sub.add_parser(
+        "launch", help="run SCRIPT (or -m MODULE) on N local ranks with tracing; report on divergence"
+    )
     la.add_argument("--nproc-per-node", type=int, required=True)
     la.add_argument("--check", default="every", help=f"check mode: {CHECK_CHOICES} (default every)")
     la.add_argument("--out", required=True, help="trace directory")
@@ -219,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed"
     )
-    la.add_argument("script", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS]")
+    la.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS] or -- -m MODULE [ARGS]")
     an = sub.add_parser("analyze", help="report the first divergence of a trace directory")
     an.add_argument("dir")
     an.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -227,16 +235,23 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("dir")
     ex.add_argument("--chrome", required=True, help="output .json file")
     ru = sub.add_parser(
-        "run", help="run SCRIPT in this process with tracing from the environment (for torchrun)"
+        "run",
+        help="run SCRIPT (or -m MODULE) in this process with tracing from the environment (for torchrun)",
     )
-    ru.add_argument("script")
+    # -m takes the rest of the line, as python's does: ``run -m MODULE [ARGS]``.
+    ru.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
+                    help="-m MODULE [ARGS]: run a module as 'python -m' does")
+    ru.add_argument("script", nargs="?", help="SCRIPT [ARGS]: run a script file")
     ru.add_argument("args", nargs=argparse.REMAINDER)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.cmd == "run":
+        if (args.module is None) == (args.script is None) or args.module == []:
+            parser.error("run needs either SCRIPT [ARGS] or -m MODULE [ARGS]")
         return _cmd_run(args)  # the script's own exceptions must surface unchanged
     handler = {"launch": _cmd_launch, "analyze": _cmd_analyze, "export": _cmd_export}[args.cmd]
     try:

@@ -2,6 +2,8 @@
 
 - ``tiny_config``: the tiny policy (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate
   512, ~0.99 M parameters with the character vocabulary) that learns the arithmetic task on CPU.
+- ``toy_qwen3_config``: a smaller toy Qwen3 (vocab 64, hidden 32, 2 layers, ~21 k parameters)
+  for distributed tests and scenarios where only real parameters of several shapes matter.
 - ``qwen3_0p6b_config``: the *shape* of Qwen/Qwen3-0.6B, randomly initialised, for GPU
   throughput and memory benchmarks where only the shape matters.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
@@ -67,6 +70,27 @@ def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
     )
+
+
+TOY_VOCAB = 64
+"""Vocabulary size of ``toy_qwen3_config`` (token ids ``0..TOY_VOCAB-1``; 0 is padding)."""
+
+
+def toy_qwen3_config(**overrides: Any) -> Qwen3Config:
+    """The toy Qwen3 of the distributed tests; ``overrides`` are ``Qwen3Config`` keyword arguments."""
+    kwargs: dict[str, Any] = {
+        "vocab_size": TOY_VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "tie_word_embeddings": True,
+        "pad_token_id": 0,
+    }
+    kwargs.update(overrides)
+    return Qwen3Config(**kwargs)
 
 
 def qwen3_0p6b_config() -> Qwen3Config:

@@ -16,6 +16,8 @@ Launch it on 2 local ranks with the collective tracer::
 
     python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- \\
         repro/scenarios/zero2_inactive_micro.py --skip-inactive
+
+(or ``... -- -m repro.scenarios.zero2_inactive_micro --skip-inactive``).
 """
 
 from __future__ import annotations
@@ -29,18 +31,8 @@ from typing import Any
 
 import torch
 
-# A tiny Qwen3: parameters of several shapes, so the gradient reduction is a real bucket.
-TINY_QWEN3 = {
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "tie_word_embeddings": True,
-    "pad_token_id": 0,
-}
+from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
+
 PROMPT_LEN = RESPONSE_LEN = 4
 SAMPLES_PER_RANK = 2
 """One mini-batch of two 1-sample micro-batches per rank."""
@@ -51,12 +43,13 @@ INACTIVE_RANK, INACTIVE_SAMPLE = 0, 1
 def make_model_dir(path: str | os.PathLike[str], seed: int = 1234) -> str:
     """The tiny Qwen3 causal LM saved as a Hugging Face folder (same seed, same weights on every rank)."""
     from safetensors.torch import save_file
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).float()
+        # The toy Qwen3 has parameters of several shapes, so the gradient reduction is a real bucket.
+        model = Qwen3ForCausalLM(toy_qwen3_config()).float()
         # Written by hand: ``save_pretrained`` writes nothing on ranks other than 0 once a process
         # group exists, and each rank needs its own folder here. The tied lm_head is left out, as
         # Hugging Face does.
@@ -94,7 +87,7 @@ def make_config(model_dir: str, world_size: int, skip_inactive: bool) -> Any:
 
 def make_batch(rank: int, seed: int = 7) -> dict[str, torch.Tensor]:
     """This rank's update batch in verl's padded layout; rank 0's second response is empty."""
-    vocab = TINY_QWEN3["vocab_size"]
+    vocab = TOY_VOCAB
     gen = torch.Generator().manual_seed(seed + rank)
     b = SAMPLES_PER_RANK
     prompt = torch.randint(1, vocab, (b, PROMPT_LEN), generator=gen)

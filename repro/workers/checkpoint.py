@@ -12,7 +12,8 @@ A save killed at any point leaves at most a ``step_N.tmp`` directory that is nev
 ``latest`` pointer moves only after the complete directory exists. Old checkpoints beyond
 ``keep`` are removed after a successful save, never the newest nor the one this process loaded.
 ``export_hf`` writes a Hugging Face folder (safetensors) from any ZeRO stage; ``iter_full_weights``
-yields gathered weights one tensor at a time (a collective at ZeRO-3).
+yields gathered weights one tensor at a time (a collective at ZeRO-3). ``save_worker`` /
+``load_worker`` are the actor's and critic's save/resume (their update counter travels along).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -45,6 +46,14 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                     "generation_config.json")
+
+
+class TrainableWorker(Protocol):
+    """What ``save_worker``/``load_worker`` need of a worker (the actor and the critic)."""
+
+    cfg: Any
+    engine: RoleEngine
+    updates: int
 
 
 @dataclass
@@ -251,3 +260,23 @@ def export_hf(engine: RoleEngine, out_dir: str, *, tokenizer_dir: str | None = N
             shutil.rmtree(out)
         os.replace(tmp, out)
     _barrier()
+
+
+def save_worker(worker: TrainableWorker, root: str, step: int, extra: dict, *, keep: int | None) -> str:
+    """``save`` of a worker's engine with its update counter; ``keep`` as in ``save``."""
+    return save(worker.engine, root, step, extra, state={"updates": worker.updates}, keep=keep,
+                digest_source=worker.cfg)
+
+
+def load_worker(worker: TrainableWorker, root: str) -> dict | None:
+    """Load the latest checkpoint under ``root`` into a worker; its ``extra``, or None when there is none."""
+    loaded = load_latest(worker.engine, root)
+    if loaded is None:
+        return None
+    worker.updates = int(loaded.state.get("updates", 0))
+    return loaded.extra
+
+
+def tokenizer_dir(model: Any) -> str | None:
+    """Where a role's tokenizer files are (``model`` is its ``*.model`` config section); None for "tiny"."""
+    return model.tokenizer_path or (model.path if model.path != "tiny" else None)

@@ -120,17 +120,10 @@ class CriticWorker:
         return checkpoint.iter_full_weights(self.engine)
 
     def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
-        return checkpoint.save(self.engine, root, step, extra, state={"updates": self.updates},
-                               keep=self.cfg.trainer.max_critic_ckpt_to_keep, digest_source=self.cfg)
+        return checkpoint.save_worker(self, root, step, extra, keep=self.cfg.trainer.max_critic_ckpt_to_keep)
 
     def load_checkpoint(self, root: str) -> dict | None:
-        loaded = checkpoint.load_latest(self.engine, root)
-        if loaded is None:
-            return None
-        self.updates = int(loaded.state.get("updates", 0))
-        return loaded.extra
+        return checkpoint.load_worker(self, root)
 
     def export_hf(self, out_dir: str) -> None:
-        model = self.ccfg.model
-        checkpoint.export_hf(self.engine, out_dir,
-                             tokenizer_dir=model.tokenizer_path or (model.path if model.path != "tiny" else None))
+        checkpoint.export_hf(self.engine, out_dir, tokenizer_dir=checkpoint.tokenizer_dir(self.ccfg.model))

@@ -248,17 +248,20 @@ def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
     assert {e.get("pid") for e in marked} == {0, 1}
 
 
-def test_cli_launch_exits_zero_when_ranks_agree(tmp_path):
-    script = tmp_path / "ok.py"
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_cli_launch_exits_zero_when_ranks_agree(tmp_path, form):
+    script = tmp_path / "ok_job.py"
     script.write_text(
         "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
         "dist.all_reduce(torch.ones(2))\ndist.barrier()\n"
     )
-    done = _launch(
-        ["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", str(script)], tmp_path
-    )
+    # -m: the ranks find the module as python -m does, from the working directory (tmp_path).
+    target = [str(script)] if form == "script" else ["-m", "ok_job"]
+    done = _launch(["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", *target], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "no divergence" in done.stdout
+    assert "all 2 ranks exited 0; no divergence (rank 0: 2 calls; rank 1: 2 calls)" in done.stdout, (
+        done.stdout
+    )
 
 
 # ---- the ZeRO-2 reproduction: the reference actor with the inactive-micro shortcut forced on ----
@@ -275,11 +278,11 @@ def _engine_line(site: str) -> str:
 
 
 def _tiny_qwen3_numel() -> int:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    from repro.scenarios.zero2_inactive_micro import TINY_QWEN3
+    from repro.data.tiny_model import toy_qwen3_config
 
-    model = Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3))
+    model = Qwen3ForCausalLM(toy_qwen3_config())
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 

@@ -186,5 +186,11 @@ def test_local_functions_are_rejected_before_spawning(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_an_unknown_backend_is_rejected_naming_the_valid_ones_before_spawning(tmp_path):
+    with pytest.raises(ValueError, match=r"backend='mpi' is not supported; choose one of \['gloo', 'nccl'\]"):
+        run_ranks(_all_reduce_rank, 2, tmp_path=tmp_path, backend="mpi")
+    assert not list(tmp_path.iterdir())
+
+
 def test_tests_under_distributed_carry_the_distributed_marker(request):
     assert request.node.get_closest_marker("distributed") is not None

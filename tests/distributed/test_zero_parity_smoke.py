@@ -6,7 +6,9 @@ import time
 
 import pytest
 import torch
-from transformers import Qwen3Config, Qwen3ForCausalLM
+from transformers import Qwen3ForCausalLM
+
+from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 
 SEED = 1234
 GLOBAL_BATCH = 4
@@ -14,27 +16,19 @@ SEQ_LEN = 8
 STEPS = 3
 WORLD_SIZE = 2
 ADAMW = {"lr": 1e-3, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
-TINY_QWEN3 = {
-    "vocab_size": 64,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-}
 ATOL = 1e-5
 
 
 def _build_model() -> Qwen3ForCausalLM:
     torch.manual_seed(SEED)
-    return Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).float()
+    # Untied embeddings and no pad token: every parameter is its own ZeRO partition entry.
+    return Qwen3ForCausalLM(toy_qwen3_config(tie_word_embeddings=False, pad_token_id=None)).float()
 
 
 def _global_batches() -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(SEED + 1)
     return [
-        torch.randint(0, TINY_QWEN3["vocab_size"], (GLOBAL_BATCH, SEQ_LEN), generator=gen)
+        torch.randint(0, TOY_VOCAB, (GLOBAL_BATCH, SEQ_LEN), generator=gen)
         for _ in range(STEPS)
     ]
 

@@ -55,6 +55,7 @@ from tests.distributed.workers.helpers import (
     make_step_batch,
     params_of,
     shard,
+    train_steps,
 )
 from tests.multirank import run_ranks
 
@@ -275,15 +276,6 @@ def test_bf16_updates_on_nccl_match_fp32_reference_and_export_gathered_weights(s
 
 # ---- checkpoints --------------------------------------------------------------------------
 
-def _ckpt_train(worker, role: str, rank: int, world: int, steps: range) -> list[dict]:
-    update = worker.update_policy if role == "actor" else worker.update_critic
-    out = []
-    for step in steps:
-        metrics = update(shard(make_step_batch(200 + step, SAMPLES), rank, world))
-        out.append({k: v for k, v in metrics.items() if not k.startswith("perf/")})
-    return out
-
-
 def _rng_draws() -> dict[str, torch.Tensor]:
     draws = {"cpu": torch.rand(3)}
     if torch.cuda.is_available() and BACKEND == "nccl":
@@ -311,11 +303,11 @@ def _ckpt_run(rank: int, world: int, model_dir: str, root: str, resume: bool) ->
             res["extra"] = worker.load_checkpoint(ckpt)
             res["metrics"] = []
         else:
-            res["metrics"] = _ckpt_train(worker, role, rank, world, range(SAVE_AT))
+            res["metrics"] = train_steps(worker, role, rank, world, range(SAVE_AT), SAMPLES)
             res["at_save"] = _fp32_master(worker)
             res["path"] = worker.save_checkpoint(ckpt, SAVE_AT, {"data_position": 17})
         res["draw"] = _rng_draws()  # the RNG streams right after the save / load
-        res["metrics"] += _ckpt_train(worker, role, rank, world, range(SAVE_AT, TOTAL))
+        res["metrics"] += train_steps(worker, role, rank, world, range(SAVE_AT, TOTAL), SAMPLES)
         res["master"] = _fp32_master(worker)
         res["weights"] = _weights_training_dtype(worker)
         if not resume:

@@ -22,19 +22,8 @@ from repro.algorithms import (
     logprobs_from_logits,
 )
 from repro.config import DeepSpeedConfig, RunConfig
+from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 
-VOCAB = 64
-TINY_QWEN3 = {
-    "vocab_size": VOCAB,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "tie_word_embeddings": True,
-    "pad_token_id": 0,
-}
 # ZeRO-3 keeps parameters below this many elements unpartitioned; 0 makes the tiny model's
 # parameters really partitioned (as the large ones are on a real model).
 ZERO3_PARTITION_ALL = {"zero_optimization": {"stage3_param_persistence_threshold": 0}}
@@ -42,12 +31,12 @@ ZERO3_PARTITION_ALL = {"zero_optimization": {"stage3_param_persistence_threshold
 
 def make_model_dir(path: str | os.PathLike, seed: int = 1234) -> str:
     """A tiny Qwen3 causal LM saved as a Hugging Face folder (fp32 safetensors)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     path = Path(path)
     if not (path / "config.json").is_file():
         torch.manual_seed(seed)
-        Qwen3ForCausalLM(Qwen3Config(**TINY_QWEN3)).float().save_pretrained(path, safe_serialization=True)
+        Qwen3ForCausalLM(toy_qwen3_config()).float().save_pretrained(path, safe_serialization=True)
     return str(path)
 
 
@@ -124,10 +113,10 @@ def make_step_batch(seed: int, samples: int, prompt_len: int = 6, resp_len: int 
     r_lens = torch.randint(1, resp_len + 1, (samples,), generator=gen)
     for row in empty_rows:
         r_lens[row] = 0
-    prompt = torch.randint(1, VOCAB, (samples, prompt_len), generator=gen)
+    prompt = torch.randint(1, TOY_VOCAB, (samples, prompt_len), generator=gen)
     prompt_mask = (torch.arange(prompt_len)[None] >= (prompt_len - p_lens)[:, None]).long()
     prompt = prompt * prompt_mask
-    responses = torch.randint(1, VOCAB, (samples, resp_len), generator=gen)
+    responses = torch.randint(1, TOY_VOCAB, (samples, resp_len), generator=gen)
     response_mask = (torch.arange(resp_len)[None] < r_lens[:, None]).long()
     responses = responses * response_mask
     attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
@@ -151,6 +140,16 @@ def shard(batch: dict[str, torch.Tensor], rank: int, world: int) -> dict[str, to
     """Rank ``rank``'s contiguous share of a step's batch (what the driver hands it)."""
     size = batch["responses"].shape[0] // world
     return {k: v[rank * size:(rank + 1) * size].clone() for k, v in batch.items()}
+
+
+def train_steps(worker, role: str, rank: int, world: int, steps: range, samples: int) -> list[dict]:
+    """Update ``worker`` on step batches ``200 + step`` (this rank's share); metrics without ``perf/*``."""
+    update = worker.update_policy if role == "actor" else worker.update_critic
+    out = []
+    for step in steps:
+        metrics = update(shard(make_step_batch(200 + step, samples), rank, world))
+        out.append({k: v for k, v in metrics.items() if not k.startswith("perf/")})
+    return out
 
 
 def global_mini_batches(batch: dict[str, torch.Tensor], world: int, per_rank_mini: int) -> list[dict]:

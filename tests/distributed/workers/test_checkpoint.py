@@ -21,9 +21,8 @@ from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     make_cfg,
     make_model_dir,
-    make_step_batch,
     params_of,
-    shard,
+    train_steps,
 )
 from tests.multirank import RankFailure
 
@@ -43,12 +42,7 @@ def _worker(model_dir: str, role: str, stage: int, world: int):
 
 
 def _train(worker, role: str, rank: int, world: int, steps: range) -> list[dict]:
-    update = worker.update_policy if role == "actor" else worker.update_critic
-    out = []
-    for step in steps:
-        metrics = update(shard(make_step_batch(200 + step, SAMPLES), rank, world))
-        out.append({k: v for k, v in metrics.items() if not k.startswith("perf/")})
-    return out
+    return train_steps(worker, role, rank, world, steps, SAMPLES)
 
 
 def _uninterrupted(rank: int, world: int, model_dir: str, root: str, cases: list) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Qwen3 models from configs: the tiny policy's size, save/load round trip, the 0.6B shape."""
+"""Qwen3 models from configs: the tiny policy's size, save/load round trip, the toy and 0.6B shapes."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
 from repro.data.tiny_model import (
+    TOY_VOCAB,
     TinyShape,
     build_model,
     load_model,
@@ -14,6 +15,7 @@ from repro.data.tiny_model import (
     qwen3_0p6b_config,
     save_model,
     tiny_config,
+    toy_qwen3_config,
 )
 from repro.data.tokenizer import build_tokenizer
 
@@ -78,3 +80,12 @@ def test_qwen3_0p6b_shape_on_meta_device_has_its_published_size():
 def test_bad_tiny_shapes_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         TinyShape(**kwargs)
+
+
+def test_toy_qwen3_is_the_small_tied_model_and_overrides_apply():
+    model = build_model(toy_qwen3_config())
+    assert model.config.vocab_size == TOY_VOCAB and model.config.pad_token_id == 0
+    assert num_parameters(model) == 20_672
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    untied = toy_qwen3_config(tie_word_embeddings=False, pad_token_id=None)
+    assert (untied.tie_word_embeddings, untied.pad_token_id, untied.hidden_size) == (False, None, 32)

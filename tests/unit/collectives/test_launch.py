@@ -1,0 +1,79 @@
+"""The launcher's target (``SCRIPT [ARGS]`` or ``-m MODULE [ARGS]``), its rank command, and ``run -m``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import textwrap
+
+import pytest
+
+from repro.collectives.launch import Target, rank_command
+from repro.collectives_trace import build_parser, main
+
+SCENARIO = "repro.scenarios.zero2_inactive_micro"
+
+
+def test_dash_m_target_becomes_a_rank_command_that_run_parses_back_to_the_module():
+    target = Target.parse(["-m", SCENARIO, "--skip-inactive", "-m", "x"])
+    assert target == Target(SCENARIO, ("--skip-inactive", "-m", "x"), module=True)
+    target.check()
+    cmd = rank_command(target)
+    assert cmd == [sys.executable, "-m", "repro.collectives_trace", "run", "-m", SCENARIO, "--skip-inactive",
+                   "-m", "x"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.cmd, args.module, args.script) == ("run", [SCENARIO, "--skip-inactive", "-m", "x"], None)
+
+
+def test_script_target_keeps_the_script_command_line(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text("pass\n")
+    target = Target.parse([str(script), "--steps", "2"])
+    target.check()
+    cmd = rank_command(target)
+    assert cmd[4:] == [str(script), "--steps", "2"]
+    args = build_parser().parse_args(cmd[3:])
+    assert (args.module, args.script, args.args) == (None, str(script), ["--steps", "2"])
+
+
+@pytest.mark.parametrize(
+    ("tokens", "message"),
+    [([], "SCRIPT [ARGS] or -m MODULE [ARGS]"), (["-m"], "'-m' needs a MODULE")],
+)
+def test_a_missing_target_is_a_value_error_naming_both_forms(tokens, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Target.parse(tokens)
+
+
+@pytest.mark.parametrize(
+    "name", ["no_such_module_q7", "repro.no_such_module_q7", "no_such_pkg_q7.mod", ".rel"]
+)
+def test_an_unimportable_module_is_refused_before_any_rank_starts(tmp_path, capsys, name):
+    out = tmp_path / "trace"
+    assert main(["launch", "--nproc-per-node", "2", "--out", str(out), "--", "-m", name]) == 2
+    assert f"MODULE {name!r} (-m) is not importable" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_run_dash_m_runs_the_module_as_main_with_its_arguments(tmp_path, monkeypatch):
+    (tmp_path / "argv_probe_q7.py").write_text(textwrap.dedent("""
+        import json, sys
+        if __name__ == "__main__":
+            with open(sys.argv[1], "w") as f:
+                json.dump({"argv": sys.argv}, f)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("REPRO_COLLECTIVES_TRACE", raising=False)
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    record = tmp_path / "argv.json"
+    assert main(["run", "-m", "argv_probe_q7", str(record), "--flag", "-m", "x"]) == 0
+    argv = json.loads(record.read_text())["argv"]
+    assert argv == [str(tmp_path / "argv_probe_q7.py"), str(record), "--flag", "-m", "x"]
+
+
+def test_run_without_a_script_or_module_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["run"])
+    assert exc.value.code == 2
+    assert "SCRIPT [ARGS] or -m MODULE [ARGS]" in capsys.readouterr().err
