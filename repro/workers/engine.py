@@ -185,9 +185,9 @@ class RoleEngine:
         )
         self.device = device()
         self.loaded_step: int | None = None
+        """Step of the checkpoint this process loaded (never pruned by a later save)."""
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
-        """Step of the checkpoint this process loaded (never pruned by a later save)."""
         self.engine: Any = None
         if self.trainable:
             params = [p for p in module.parameters() if p.requires_grad]
