@@ -147,6 +147,12 @@ def _rank_main(
         with open(tmp, "wb") as f:
             pickle.dump(result, f)
         os.replace(tmp, paths["result"])
+        # Tear down only once every rank is done: a rank that destroys its gloo group while a peer
+        # is still in a collective or a store-based check can abort ("terminate called without
+        # an active exception"). The rendezvous goes through the store, not a collective.
+        store.set(f"multirank_done/{rank}", "1")
+        store.wait([f"multirank_done/{r}" for r in range(world_size)],
+                   datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S))
         dist.destroy_process_group()
     except BaseException:  # noqa: B036 - SystemExit/KeyboardInterrupt in fn are failures too
         text = traceback.format_exc()
