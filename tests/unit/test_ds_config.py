@@ -3,32 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pytest
 
 import repro.ds_config as ds_config
+from repro.batching import RoleBatchPlan
 from repro.config import DeepSpeedConfig, OptimConfig
 from repro.ds_config import OffloadPlan, build_ds_config, build_scheduler, resolve_offload
-
-try:
-    from repro.batching import RoleBatchPlan
-except ImportError:  # batching.py lands with the foundation issue; the fields are the contract
-
-    @dataclass(frozen=True)
-    class RoleBatchPlan:  # type: ignore[no-redef]
-        world: int
-        dp: int
-        sp: int
-        samples_per_step: int
-        mini_batch_samples: int
-        per_rank_mini: int
-        micro: int
-        gas: int
-        train_batch_size: int
-        num_mini_batches: int
-        dynamic: bool
-        max_token_len: int | None
 
 
 def _plan(dp: int, mini_samples: int, micro: int, samples_per_step: int) -> RoleBatchPlan:
