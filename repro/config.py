@@ -70,6 +70,18 @@ def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
         _fail(obj, name, "must be a positive number", value)
 
 
+
+def _check_trainer_role(role: Any) -> None:
+    """The checks the actor and the critic share: backend, batch sizes, loss reduction."""
+    if role.strategy != "deepspeed":
+        _fail(role, "strategy", "is not supported here; choose one of ['deepspeed']")
+    _positive(role, "ppo_mini_batch_size")
+    _positive(role, "ppo_micro_batch_size_per_gpu", allow_none=True)
+    _positive(role, "ppo_micro_batch_size", allow_none=True)
+    _positive(role, "ppo_max_token_len_per_gpu")
+    _positive(role, "ppo_epochs")
+    _choice(role, "loss_agg_mode", LOSS_AGG_MODES)
+
 @dataclass
 class OptimConfig:
     lr: float = 1e-6
@@ -211,14 +223,7 @@ class ActorConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        if self.strategy != "deepspeed":
-            _fail(self, "strategy", "is not supported here; choose one of ['deepspeed']")
-        _positive(self, "ppo_mini_batch_size")
-        _positive(self, "ppo_micro_batch_size_per_gpu", allow_none=True)
-        _positive(self, "ppo_micro_batch_size", allow_none=True)
-        _positive(self, "ppo_max_token_len_per_gpu")
-        _positive(self, "ppo_epochs")
-        _choice(self, "loss_agg_mode", LOSS_AGG_MODES)
+        _check_trainer_role(self)
         _choice(self, "kl_loss_type", KL_LOSS_TYPES)
         if self.clip_ratio_c <= 1.0:
             _fail(self, "clip_ratio_c", "must be > 1 (dual clip)")
@@ -347,14 +352,7 @@ class CriticConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     def __post_init__(self) -> None:
-        if self.strategy != "deepspeed":
-            _fail(self, "strategy", "is not supported here; choose one of ['deepspeed']")
-        _positive(self, "ppo_mini_batch_size")
-        _positive(self, "ppo_micro_batch_size_per_gpu", allow_none=True)
-        _positive(self, "ppo_micro_batch_size", allow_none=True)
-        _positive(self, "ppo_max_token_len_per_gpu")
-        _positive(self, "ppo_epochs")
-        _choice(self, "loss_agg_mode", LOSS_AGG_MODES)
+        _check_trainer_role(self)
         if self.ulysses_sequence_parallel_size < 1:
             _fail(self, "ulysses_sequence_parallel_size", "must be >= 1")
 
