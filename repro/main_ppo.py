@@ -62,12 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     from repro.config_loader import ConfigWarning, load_config
+    from repro.preflight import preflight
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConfigWarning)
             config_name, overrides, notes = parse_argv(argv)
             cfg = load_config(overrides, config_name=config_name)
+            notes += preflight(cfg, dry=cfg.trainer.dry_run)
             plan = None
             if cfg.trainer.dry_run:
                 from repro.plan import effective_plan
