@@ -27,6 +27,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.config import RunConfig
+from repro.worker_errors import gather
 
 log = logging.getLogger("repro.trainer")
 
@@ -129,10 +130,12 @@ class WorkerGroup:
                     name=None,
                 ).remote(cls, args, kwargs)
             )
-        addr, port = ray.get(self.actors[0].address.remote())
+        addresses = ray.get([a.address.remote() for a in self.actors])
+        self.hosts = [ip for ip, _ in addresses]
+        addr, port = addresses[0]
         ray.get([a.set_master.remote(addr, port) for a in self.actors])
         # Workers build process groups in their constructors: every rank must start together.
-        ray.get([a.create.remote() for a in self.actors])
+        gather([a.create.remote() for a in self.actors], "create", self.hosts)
         log.info("worker group: %d rank(s) on %d node(s), %s, master %s:%d",
                  self.world, self.nnodes, "GPU" if self.gpu else "CPU", addr, port)
 
@@ -183,12 +186,12 @@ class WorkerGroup:
                 raise ValueError(f"execute_all({method!r}): argument {i} has {len(arg)} shards for {self.world} ranks")
         refs = [a.call.remote(method, *(arg[r] for arg in per_rank_args), **same_kwargs)
                 for r, a in enumerate(self.actors)]
-        return ray.get(refs)
+        return gather(refs, method, self.hosts)
 
     def execute_all_same(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every rank."""
         arg_refs = [ray.put(a) for a in args]
-        return ray.get([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors])
+        return gather([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors], method, self.hosts)
 
     def _remove_pgs(self) -> None:
         for pg in self._pgs:

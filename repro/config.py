@@ -452,8 +452,8 @@ class DataConfig:
 class TrainerConfig:
     project_name: str = "repro"
     """Group name of the run (logs, output directory)."""
-    experiment_name: str = "grpo_tiny_arith"
-    """Name of the run."""
+    experiment_name: str = "ppo_trainer"
+    """Name of the run (each preset sets its own, so that two presets never share run folders)."""
     logger: list[str] = field(default_factory=lambda: ["console"])
     """console and/or file; other verl loggers are accepted and ignored with a warning."""
     n_gpus_per_node: int = 2
@@ -482,6 +482,8 @@ class TrainerConfig:
     """auto (latest checkpoint if any), disable, or resume_path."""
     resume_from_path: str | None = None
     """Checkpoint directory to resume from with resume_mode=resume_path."""
+    allow_config_change: list[str] = field(default_factory=list)
+    """Keys (or sections) allowed to differ from the checkpoint's run with resume_mode=resume_path."""
     max_actor_ckpt_to_keep: int | None = 2
     """Actor checkpoints kept on disk (None keeps all)."""
     max_critic_ckpt_to_keep: int | None = 2
@@ -503,6 +505,8 @@ class TrainerConfig:
         _choice(self, "device", DEVICES)
         _choice(self, "resume_mode", ("auto", "disable", "resume_path"))
         _choice(self, "progress", ("auto", "bar", "plain"))
+        if self.allow_config_change and self.resume_mode != "resume_path":
+            _fail(self, "allow_config_change", "needs trainer.resume_mode=resume_path and trainer.resume_from_path")
         if self.total_training_steps is not None:
             _positive(self, "total_training_steps")
 

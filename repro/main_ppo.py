@@ -62,7 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     from repro.config_loader import ConfigWarning, load_config
-    from repro.preflight import preflight
+    from repro.preflight import InputError, preflight
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -96,8 +96,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+    from repro.interrupts import INTERRUPTED_EXIT
+    from repro.worker_errors import WorkerError
 
-    out_dir = trainer.run(cfg)
+    try:
+        out_dir = trainer.run(cfg)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return INTERRUPTED_EXIT  # the trainer logged where the run stands and how to resume
     print(f"output: {out_dir}")
     return 0
 

@@ -5,8 +5,9 @@
   files (``repro.data.ensure_arith_parquet``), both cached under ``$REPRO_CACHE_DIR``.
 - The run directory is ``trainer.output_dir`` when given, else
   ``outputs/<experiment_name>_<timestamp>``. With ``trainer.resume_mode=auto`` the latest run
-  directory of the same experiment that did not finish is reused, so restarting a killed run
-  with the same command continues it in place.
+  directory of the same experiment that did not finish and holds a checkpoint is reused, so
+  restarting a killed run with the same command continues it in place (``repro.resume_check``
+  first makes sure it is the same run).
 - ``train.log`` receives every driver log line; ``config.yaml`` is the effective config.
 """
 
@@ -124,7 +125,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
         root = outputs_root()
         runs = sorted(p for p in root.iterdir() if p.is_dir() and _is_run_of(p.name, t.experiment_name)) \
             if root.is_dir() else []
-        unfinished = [p for p in runs if run_state(p).get("status") != "finished"]
+        # A folder without a checkpoint has nothing to continue (a run that failed early): never adopt it.
+        unfinished = [p for p in runs if run_state(p).get("status") != "finished" and (p / "checkpoints" / LATEST).is_file()]
         run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
     else:
         run_dir = _new_run_dir(t.experiment_name)

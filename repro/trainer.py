@@ -27,6 +27,7 @@ import torch
 from repro import algorithms
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
 from repro.metrics import (
     MetricsLog,
     StepReporter,
@@ -38,6 +39,7 @@ from repro.metrics import (
     timer,
     write_summary,
 )
+from repro.resume_check import check_resume, describe_changes, record_config
 from repro.rl_batch import (
     KLController,
     batch_metrics,
@@ -48,6 +50,7 @@ from repro.rl_batch import (
     split_list,
     token_level_scores,
 )
+from repro.run_lock import acquire
 from repro.run_setup import (
     LATEST,
     STEP_DIR,
@@ -59,6 +62,7 @@ from repro.run_setup import (
     write_config_yaml,
     write_run_state,
 )
+from repro.worker_errors import WorkerError
 from repro.workers.hybrid import HybridWorker
 
 # What each worker call needs from the batch (the rest stays on the driver).
@@ -316,16 +320,42 @@ def _fill_optimizer_steps(cfg: RunConfig, rl_steps: int) -> None:
 
 
 def run(cfg: RunConfig) -> Path:
-    """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs)."""
-    cfg = resolve_builtin_assets(cfg)
+    """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs).
+
+    Before anything starts, the run folder is locked (``repro.run_lock``) and a resume is checked to
+    be the same run (``repro.resume_check``): ``InputError``. Ctrl-C / SIGTERM end in
+    ``KeyboardInterrupt`` after ``run.json`` says ``interrupted``; a rank's failure in ``WorkerError``
+    (one line; the traceback is in ``train.log``).
+    """
     paths = choose_run_paths(cfg)
-    handler = setup_logging(paths.run_dir)
-    try:
-        trainer = PPOTrainer(cfg, paths)
-        _fill_optimizer_steps(cfg, trainer.total_steps)
-        write_config_yaml(cfg, paths.run_dir / "config.yaml")
-        return trainer.fit()
-    finally:
-        log.removeHandler(handler)
-        handler.close()
-        shutdown_ray()
+    with acquire(paths.run_dir) as lock, terminate_as_interrupt():
+        changes = check_resume(cfg, paths)
+        record_config(cfg, paths, changes)  # as given (model.path=tiny), before the assets are resolved
+        handler = setup_logging(paths.run_dir)
+        try:
+            if lock.took_over:
+                log.warning("took over the stale run.lock of %s (that process is gone)", lock.took_over.describe())
+            if changes:
+                log.warning(describe_changes(changes))
+            cfg = resolve_builtin_assets(cfg)
+            trainer = PPOTrainer(cfg, paths)
+            _fill_optimizer_steps(cfg, trainer.total_steps)
+            write_config_yaml(cfg, paths.run_dir / "config.yaml")
+            return trainer.fit()
+        except KeyboardInterrupt:
+            with ignore_signals():
+                shutdown_ray()
+                log.error(mark_interrupted(paths))
+            raise
+        except WorkerError as e:
+            log.debug("%s\n%s", e, e.details)
+            write_run_state(paths.run_dir, status="failed", error=str(e))
+            raise e.with_log(paths.run_dir / "train.log") from None
+        except Exception as e:
+            write_run_state(paths.run_dir, status="failed", error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            with ignore_signals():
+                log.removeHandler(handler)
+                handler.close()
+                shutdown_ray()
