@@ -10,6 +10,7 @@ in ``.details`` for the run's log.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,7 +21,8 @@ class WorkerError(RuntimeError):
     """A rank failed or died; ``str()`` is one line, ``details`` the remote traceback."""
 
     def __init__(self, rank: int, host: str, method: str, summary: str, details: str, died: bool) -> None:
-        self.rank, self.host, self.method, self.died, self.details = rank, host, method, died, details
+        self.rank, self.host, self.method, self.died = rank, host, method, died
+        self.details = re.sub(r"\x1b\[[0-9;]*m", "", details)  # Ray colours the remote traceback's header
         self.summary = summary
         super().__init__(f"rank {rank} on host {host} {'died' if died else 'failed'} in {method}: {summary}")
 
@@ -52,18 +54,35 @@ def to_worker_error(err: Exception, rank: int, host: str, method: str) -> Worker
     return WorkerError(rank, host, method, f"{type(err).__name__}: {_first_line(err)}", repr(err), died=False)
 
 
+# After a first failure, how long the other ranks get to report theirs: a dead rank's peers often
+# fail first (a closed gloo connection), and the dead rank is the one to name.
+_GRACE_S = 3.0
+
+
 def gather(refs: Sequence[Any], method: str, hosts: Sequence[str]) -> list[Any]:
-    """``ray.get(refs)`` (one ref per rank, in rank order), raising :class:`WorkerError` on the first
-    rank to fail; peers blocked on the failed rank are not waited for."""
+    """``ray.get(refs)`` (one ref per rank, in rank order), raising :class:`WorkerError` for a failed
+    rank (a dead one first); peers blocked on it are waited for only ``_GRACE_S``."""
     index = {ref: rank for rank, ref in enumerate(refs)}
     results: dict[int, Any] = {}
+    errors: list[WorkerError] = []
     pending = list(refs)
-    while pending:
+    while pending and not errors:
         ready, pending = ray.wait(pending, num_returns=1)
-        for ref in ready:
-            rank = index[ref]
-            try:
-                results[rank] = ray.get(ref)
-            except (ray.exceptions.RayError, Exception) as e:  # noqa: BLE001 - every rank failure is reported
-                raise to_worker_error(e, rank, hosts[rank] if rank < len(hosts) else "?", method) from None
+        errors += _collect(ready, index, results, method, hosts)
+    if errors:
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=_GRACE_S) if pending else ([], [])
+        errors += _collect(ready, index, results, method, hosts)
+        raise next((e for e in errors if e.died), errors[0])
     return [results[r] for r in range(len(refs))]
+
+
+def _collect(ready: list[Any], index: dict[Any, int], results: dict[int, Any], method: str,
+             hosts: Sequence[str]) -> list[WorkerError]:
+    errors = []
+    for ref in ready:
+        rank = index[ref]
+        try:
+            results[rank] = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - every rank failure is reported
+            errors.append(to_worker_error(e, rank, hosts[rank] if rank < len(hosts) else "?", method))
+    return errors
