@@ -91,9 +91,10 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> 
     raise AssertionError(f"{path} never said {text!r} within {timeout} s")
 
 
-@pytest.mark.slow  # three real jobs, one after the other: about 3 minutes on 2 cores
-@pytest.mark.parametrize("sig", [signal.SIGINT])
-def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(sig, tmp_path):
+@pytest.mark.slow  # three real jobs, one after the other: about a minute on 2 cores
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "ctrl-c"])
+def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(how, tmp_path):
+    """``ctrl-c`` is what a terminal does: SIGINT to the whole foreground process group."""
     outputs = tmp_path / "outputs"
     common = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
     proc = subprocess.Popen(_cmd(*common), cwd=ROOT, env=_env(outputs), stdout=subprocess.PIPE,
@@ -107,7 +108,10 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
         procs = _job_processes(proc.pid, outputs)
         assert procs, "the job's processes were not found: the orphan check would prove nothing"
         started = time.monotonic()
-        proc.send_signal(sig)
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(getattr(signal, how))
         out, _ = proc.communicate(timeout=60)
         stop_s = time.monotonic() - started
     finally:
@@ -116,14 +120,14 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     assert proc.returncode == 130, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
     left = _alive(procs, wait_s=15)
-    assert not left, f"processes left after {sig.name}: {left}"
+    assert not left, f"processes left after {how}: {left}"
     state = json.loads((run_dir / "run.json").read_text())
     assert state["status"] == "interrupted" and state["last_checkpoint_step"] in (2, 3, 4)
     step = state["last_checkpoint_step"]
     resume_lines = [ln for ln in out.splitlines() if "Resume with the same command" in ln]
     assert len(resume_lines) == 1 and f"step {step}" in resume_lines[0], out[-3000:]
     assert not (run_dir / "run.lock").exists()
-    print(f"{sig.name}: driver exited 130 in {stop_s:.1f} s; {len(procs)} job processes all gone")
+    print(f"{how}: driver exited 130 in {stop_s:.1f} s; {len(procs)} job processes all gone")
 
     # A changed config is refused before any worker starts, and the folder is left as it was.
     before = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
@@ -133,7 +137,7 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     assert changed.returncode == 2, changed.stderr[-3000:]
     err = [ln for ln in changed.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1 and "actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001" in err[0] and "data.seed: 0 -> 3" in err[0]
-    assert "Traceback" not in changed.stderr and refuse_s < 10
+    assert "Traceback" not in changed.stderr and refuse_s < 30
     assert {p.name: p.stat().st_mtime for p in run_dir.iterdir()} == before
     print(f"changed config refused in {refuse_s:.1f} s: {err[0]}")
 
