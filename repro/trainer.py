@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -342,11 +343,14 @@ def run(cfg: RunConfig) -> Path:
             _fill_optimizer_steps(cfg, trainer.total_steps)
             write_config_yaml(cfg, paths.run_dir / "config.yaml")
             return trainer.fit()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit) as e:
+            # ray.init replaces our SIGTERM handler with one that calls sys.exit(SIGTERM).
+            if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
+                raise
             with ignore_signals():
                 shutdown_ray()
                 log.error(mark_interrupted(paths))
-            raise
+            raise KeyboardInterrupt from None
         except WorkerError as e:
             log.debug("%s\n%s", e, e.details)
             write_run_state(paths.run_dir, status="failed", error=str(e))

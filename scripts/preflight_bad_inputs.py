@@ -21,9 +21,9 @@ def main(out: Path) -> int:
         tmp = Path(d)
         make_inputs(tmp)
         for case in bad_inputs(tmp):
-            code, seconds, err = run_subprocess(case, tmp)
+            code, seconds, cpu, err = run_subprocess(case, tmp)
             msg = " ".join(ln for ln in err.strip().splitlines() if ln.startswith("error:")).replace(d, "$TMP")
-            rows.append((case, code, seconds, msg.replace("|", "\\|")))
+            rows.append((case, code, seconds, cpu, msg.replace("|", "\\|")))
             print(f"{code} {seconds:5.2f}s {case.name}", file=sys.stderr)
     lines = [
         "# Bad inputs: every one stops before Ray starts",
@@ -33,17 +33,18 @@ def main(out: Path) -> int:
         f"Each row is `python -m repro.main_ppo {' '.join(BASE)} <overrides>` with one mistake "
         "($TMP: the script's temporary folder); seconds are the whole subprocess, Python start included.",
         "",
-        "| bad input | overrides (env) | exit | seconds | message (stderr) |",
-        "| --- | --- | --- | --- | --- |",
+        "| bad input | overrides (env) | exit | seconds (wall) | CPU s | message (stderr) |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
-    for case, code, seconds, msg in rows:
+    for case, code, seconds, cpu, msg in rows:
         ov = " ".join(case.overrides).replace(str(tmp), "$TMP")
         env = " ".join(f"{k}={v!r}" for k, v in case.env.items())
-        lines.append(f"| {case.name} | `{ov}`{f' ({env})' if env else ''} | {code} | {seconds:.2f} | {msg} |")
-    worst = max(s for _, _, s, _ in rows)
-    lines += ["", f"{len(rows)} inputs; all exit 2: {all(c == 2 for _, c, _, _ in rows)}; slowest {worst:.2f} s."]
+        lines.append(f"| {case.name} | `{ov}`{f' ({env})' if env else ''} | {code} | {seconds:.2f} | {cpu:.2f} | {msg} |")
+    worst = max(r[2] for r in rows)
+    ok = all(r[1] == 2 for r in rows)
+    lines += ["", f"{len(rows)} inputs; all exit 2: {ok}; slowest {worst:.2f} s wall."]
     out.write_text("\n".join(lines) + "\n")
-    return 0 if all(c == 2 for _, c, _, _ in rows) else 1
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -174,9 +174,9 @@ def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_
 
 
 def _tiny_policy_copy(dest: Path) -> Path:
-    from repro.data.sft import ensure_tiny_policy
-
     import torch
+
+    from repro.data.sft import ensure_tiny_policy
 
     shutil.copytree(ensure_tiny_policy(device=torch.device("cpu")), dest)
     return dest
