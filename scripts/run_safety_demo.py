@@ -101,9 +101,9 @@ def main(out: Path) -> int:
         demo.lines += ["Its `train.log`:", "", "```", *log, "```", ""]
         demo.run("The original command again: resumes the interrupted folder and finishes it", argv, _interesting)
 
-        from repro.data.sft import ensure_tiny_policy
-
         import torch
+
+        from repro.data.sft import ensure_tiny_policy
 
         model = Path(d) / "model"
         shutil.copytree(ensure_tiny_policy(device=torch.device("cpu")), model)
