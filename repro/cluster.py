@@ -27,6 +27,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.config import RunConfig
+from repro.interrupts import reclaim_sigterm
 from repro.worker_errors import gather
 
 log = logging.getLogger("repro.trainer")
@@ -59,6 +60,7 @@ def start_ray(cfg: RunConfig) -> None:
     if kwargs.get("address") and "num_cpus" in cfg.ray_kwargs.ray_init:
         raise ValueError("ray_kwargs.ray_init.num_cpus cannot be set when joining a cluster (trainer.ray_address)")
     ray.init(**kwargs)
+    reclaim_sigterm()
 
 
 def _free_port() -> int:

@@ -22,6 +22,9 @@ from repro.run_setup import RunPaths, latest_checkpoint, write_run_state
 INTERRUPTED_EXIT = 130  # what a shell reports for a command ended by SIGINT
 
 
+_active = False
+
+
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
@@ -29,14 +32,24 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 @contextlib.contextmanager
 def terminate_as_interrupt() -> Iterator[None]:
     """Within the block, SIGTERM raises ``KeyboardInterrupt`` in the main thread (as Ctrl-C does)."""
+    global _active
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _active = True
     try:
         yield
     finally:
+        _active = False
         signal.signal(signal.SIGTERM, previous)
+
+
+def reclaim_sigterm() -> None:
+    """Put the SIGTERM handler back after ``ray.init``, whose core worker installs a crash handler
+    that turns SIGTERM into an abort (exit -6, no cleanup, orphans left)."""
+    if _active and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
 
 
 @contextlib.contextmanager

@@ -46,11 +46,12 @@ def to_worker_error(err: Exception, rank: int, host: str, method: str) -> Worker
         summary = f"{type(cause).__name__}: {_first_line(cause)}" if cause is not None else _first_line(err)
         return WorkerError(rank, host, method, summary, str(err), died=False)
     if isinstance(err, ray.exceptions.RayActorError):
-        text = getattr(err, "error_msg", None) or str(err)
-        # Ray's message for a dead actor starts with a generic sentence; keep the reason it gives.
-        reason = next((ln.strip() for ln in str(text).splitlines() if "reason" in ln.lower() or "exit" in ln.lower()),
-                      _first_line(text))
-        return WorkerError(rank, host, method, f"the rank's process ended ({reason})", str(text), died=True)
+        text = str(getattr(err, "error_msg", None) or err)
+        # Ray's message for a dead actor is a paragraph of generic advice; keep its exit type and detail.
+        kind = re.search(r"Worker exit type: (\w+)", text)
+        detail = re.search(r"Worker exit detail: (.*?\.)(\s|$)", text)
+        reason = ": ".join(m.group(1) for m in (kind, detail) if m) or _first_line(text)
+        return WorkerError(rank, host, method, f"the rank's process ended ({reason})", text, died=True)
     return WorkerError(rank, host, method, f"{type(err).__name__}: {_first_line(err)}", repr(err), died=False)
 
 
