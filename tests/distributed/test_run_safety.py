@@ -19,19 +19,11 @@ import psutil
 import pytest
 
 from repro.metrics import MetricsLog
+from tests.distributed.test_trainer import SMALL as TRAINER_SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = [
-    "trainer.device=cpu",
-    "data.train_batch_size=8",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "trainer.progress=plain",
-    "trainer.val_before_train=False",
-    "trainer.test_freq=-1",
-]
+# The small tiny-policy job of test_trainer, without validation (not what these tests look at).
+SMALL = [*TRAINER_SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1"]
 
 
 def _cmd(*overrides: str) -> list[str]:
