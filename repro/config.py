@@ -146,12 +146,29 @@ class DeepSpeedConfig:
         _choice(self, "model_dtype", MODEL_DTYPES)
 
 
+CHECKPOINT_REQUIRED = ("model", "optimizer", "extra")
+CHECKPOINT_SAVE_CONTENTS = CHECKPOINT_REQUIRED + ("hf_model",)
+CHECKPOINT_LOAD_CONTENTS = CHECKPOINT_REQUIRED
+
+
 @dataclass
 class CheckpointConfig:
     save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a checkpoint holds (DeepSpeed saves model and optimizer together)."""
     load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a resume loads."""
+
+    def __post_init__(self) -> None:
+        # DeepSpeed writes and reads model, optimizer (LR scheduler inside) and our extra (RNG,
+        # data position) as one exact-resume unit; a partial save or load would resume wrongly.
+        for name, valid in (("save_contents", CHECKPOINT_SAVE_CONTENTS), ("load_contents", CHECKPOINT_LOAD_CONTENTS)):
+            value = list(getattr(self, name))
+            for key in value:
+                _choice(self, name, valid, key)
+            missing = [k for k in CHECKPOINT_REQUIRED if k not in value]
+            if missing:
+                _fail(self, name, f"must include {missing}: DeepSpeed saves and loads model, optimizer and the "
+                      f"resume state together here; valid values: {list(valid)}", value)
 
 
 @dataclass

@@ -24,14 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.checkpoint_store import MARKER, STEP_FORMAT, CheckpointStore
 from repro.config import RunConfig
 
 log = logging.getLogger("repro.trainer")
 
 TINY = "tiny"
 RUN_STATE = "run.json"
-LATEST = "latest_checkpointed_iteration.txt"
-STEP_DIR = "global_step_{}"
+LATEST = MARKER
+STEP_DIR = STEP_FORMAT
 
 
 def outputs_root() -> Path:
@@ -96,15 +97,8 @@ def write_run_state(run_dir: Path, **fields: Any) -> None:
 
 
 def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, int] | None:
-    """The step directory named by ``latest_checkpointed_iteration.txt`` (written last by a save)."""
-    marker = ckpt_dir / LATEST
-    if not marker.is_file():
-        return None
-    step = int(marker.read_text().strip())
-    path = ckpt_dir / STEP_DIR.format(step)
-    if not path.is_dir():
-        raise ValueError(f"{marker} names step {step} but {path} does not exist")
-    return path, step
+    """The newest complete checkpoint (by its manifest; the trainer verifies its files before loading)."""
+    return CheckpointStore(ckpt_dir).latest()
 
 
 def _new_run_dir(experiment: str) -> Path:

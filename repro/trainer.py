@@ -16,8 +16,6 @@ a checkpoint at step ``k`` computes the same steps ``k+1 ...`` as the run that n
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any
 import torch
 
 from repro import algorithms
+from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
@@ -53,8 +52,6 @@ from repro.rl_batch import (
 )
 from repro.run_lock import acquire
 from repro.run_setup import (
-    LATEST,
-    STEP_DIR,
     RunPaths,
     choose_run_paths,
     resolve_builtin_assets,
@@ -229,21 +226,15 @@ class PPOTrainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, step: int) -> None:
+        """Ranks write into a staging folder, then the driver adds its state and commits (manifest last)."""
         assert self.group is not None
-        ckpt = self.paths.ckpt_dir
-        step_dir = ckpt / STEP_DIR.format(step)
+        t = self.cfg.trainer
+        store = CheckpointStore(self.paths.ckpt_dir)
+        staging = store.begin(step)
         state = {"step": step, "kl_ctrl": self.kl_ctrl.state()}
-        self.group.execute_all_same("save_checkpoint", str(step_dir), step, state)
-        (step_dir / TRAINER_STATE).write_text(json.dumps(state, indent=1) + "\n")
-        # The marker goes last: a kill during the save leaves the previous checkpoint as latest.
-        tmp = ckpt / f".{LATEST}.tmp"
-        tmp.write_text(f"{step}\n")
-        os.replace(tmp, ckpt / LATEST)
-        keep = self.cfg.trainer.max_actor_ckpt_to_keep
-        if keep and keep > 0:
-            steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in ckpt.glob("global_step_*") if p.is_dir())
-            for old in steps[:-keep]:
-                shutil.rmtree(ckpt / STEP_DIR.format(old), ignore_errors=True)
+        self.group.execute_all_same("save_checkpoint", str(staging), step, state)
+        write_json_atomic(staging / TRAINER_STATE, state)
+        step_dir = store.commit(step, keep={"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
         log.info("checkpoint saved: %s", step_dir)
 
     def load(self, step_dir: Path) -> int:
@@ -253,18 +244,38 @@ class PPOTrainer:
         self.kl_ctrl.load(state.get("kl_ctrl", {}))
         return int(state["step"])
 
+    def verified_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from, verified against its manifest before any worker starts.
+
+        ``resume_path`` must name an intact checkpoint (``ValueError`` naming the bad files);
+        ``auto`` falls back past damaged ones, which are kept renamed (``CheckpointStore.resume``).
+        """
+        t, paths = self.cfg.trainer, self.paths
+        if t.resume_mode == "resume_path" and paths.resumed_from is not None:
+            CheckpointStore(paths.resumed_from.parent).check(paths.resumed_from)
+            return paths.resumed_from
+        if t.resume_mode != "auto":
+            return None
+        found = CheckpointStore(paths.ckpt_dir).resume()
+        for note in found.notes:
+            log.warning(note)
+        if found.notes:
+            write_run_state(paths.run_dir, resume_notes=found.notes)
+        return found.path
+
     # ---- the run ------------------------------------------------------------------------------
     def fit(self) -> Path:
         cfg, t, run_dir = self.cfg, self.cfg.trainer, self.paths.run_dir
         started = time.time()
         metrics = MetricsLog(run_dir / "metrics.tsv")
+        resume_from = self.verified_checkpoint()
         self.group = WorkerGroup(cfg, HybridWorker, cfg)
         start = 0
-        if self.paths.resumed_from is not None:
-            start = self.load(self.paths.resumed_from)
+        if resume_from is not None:
+            start = self.load(resume_from)
             dropped = metrics.truncate_after(start)
             log.info("resumed from %s (step %d); %d later metric row(s) dropped to be recomputed",
-                     self.paths.resumed_from, start, dropped)
+                     resume_from, start, dropped)
         else:
             metrics.truncate_after(0)
         fresh = {"val_before_train": None} if start == 0 else {}

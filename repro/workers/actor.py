@@ -226,11 +226,13 @@ class ActorWorker:
         """Full weights, one tensor at a time, with Hugging Face names (collective at ZeRO-3)."""
         return checkpoint.iter_full_weights(self.engine)
 
-    def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
-        return checkpoint.save_worker(self, root, step, extra, keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+    def save_checkpoint(self, path: str, step: int, extra: dict) -> str:
+        """One checkpoint into the folder ``path`` (every rank calls it); the step series is the driver's."""
+        return checkpoint.save_worker(self, path, step, extra, model=self.cfg.actor_rollout_ref.model,
+                                      contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents)
 
-    def load_checkpoint(self, root: str) -> dict | None:
-        return checkpoint.load_worker(self, root)
+    def load_checkpoint(self, path: str) -> dict:
+        return checkpoint.load_worker(self, path)
 
     def export_hf(self, out_dir: str) -> None:
         checkpoint.export_hf(self.engine, out_dir,

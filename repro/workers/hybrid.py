@@ -139,10 +139,8 @@ class HybridWorker:
     def load_checkpoint(self, root: str) -> dict[str, Any]:
         """Load the checkpoint that ``save_checkpoint(root, ...)`` wrote (one step per root)."""
         extra = self.actor.load_checkpoint(os.path.join(root, "actor"))
-        if extra is None:
-            raise ValueError(f"checkpoint {root} has no complete actor checkpoint under {root}/actor")
-        if self.critic is not None and self.critic.load_checkpoint(os.path.join(root, "critic")) is None:
-            raise ValueError(f"checkpoint {root} has no complete critic checkpoint under {root}/critic")
+        if self.critic is not None:
+            self.critic.load_checkpoint(os.path.join(root, "critic"))
         return extra
 
     def export_hf(self, out_dir: str) -> None:
