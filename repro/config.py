@@ -139,6 +139,8 @@ class DeepSpeedConfig:
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
     torch_adam: bool | None = None
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
+    zero3_leaf_modules: bool = True
+    """ZeRO-3: fetch each decoder layer as one unit (``repro.workers.zero3_leaf``); False: stock hooks."""
 
     def __post_init__(self) -> None:
         _choice(self, "zero_stage", ZERO_STAGES)

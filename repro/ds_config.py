@@ -9,18 +9,12 @@ already carries the environment knobs (``repro.config.resolve_env_knobs``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from repro.batching import RoleBatchPlan
     from repro.config import DeepSpeedConfig, OptimConfig
-
-logger = logging.getLogger(__name__)
-
-# One warning per process for the ZeRO-1 offload downgrade (actor and critic both ask).
-_warned_zero1_offload = False
 
 # DeepSpeed prints a progress line every ``steps_per_print`` steps; the workers log their own.
 _STEPS_PER_PRINT = 10**9
@@ -45,12 +39,15 @@ class OffloadPlan:
 def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_dir: str | None) -> OffloadPlan:
     """The stage-aware offload rule shared by actor and critic.
 
-    ``auto`` means ``cpu``. ZeRO-1 never offloads (a warning, once per process); ZeRO-2 offloads
-    the optimizer; ZeRO-3 offloads the optimizer and, with ``param_offload``, the parameters.
+    ``auto`` means ``cpu``. ZeRO-1 and ZeRO-2 offload the optimizer; ZeRO-3 offloads the optimizer
+    and, with ``param_offload``, the parameters. ZeRO-1 differs from verl's seed, which turned
+    ZeRO-1 + cpu into no offload: DeepSpeed 0.19.8 builds one optimizer class for stages 1 and 2
+    (``DeepSpeedZeroOptimizer``), which offloads whenever ``offload_optimizer`` is set, and the
+    engine really holds its fp32 master partitions on the CPU then (read back in
+    ``tests/distributed/workers/test_placement.py``).
     ``nvme`` is ZeRO-Infinity: it needs ZeRO-3 and ``deepspeed.offload_dir``, else it is refused
     (it is never turned into CPU offload behind the user's back).
     """
-    global _warned_zero1_offload
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of [1, 2, 3]")
     if offload not in ("none", "cpu", "nvme", "auto"):
@@ -67,14 +64,9 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
         if not offload_dir:
             raise ValueError("deepspeed.offload='nvme' needs deepspeed.offload_dir (a directory on an NVMe drive)")
         return OffloadPlan("nvme", "nvme" if param_offload else "none", str(offload_dir), None)
-    if zero_stage == 1:
-        note = "ZeRO-1 does not offload: deepspeed.offload='cpu' is ignored (use zero_stage=2 or 3 to offload)"
-        if not _warned_zero1_offload:
-            logger.warning(note)
-            _warned_zero1_offload = True
-        return OffloadPlan("none", "none", None, note)
-    if zero_stage == 2:
-        note = "VERL_ENABLE_PARAM_OFFLOAD applies to ZeRO-3 only; ZeRO-2 offloads the optimizer" if param_offload else None
+    if zero_stage < 3:
+        note = (f"VERL_ENABLE_PARAM_OFFLOAD applies to ZeRO-3 only; ZeRO-{zero_stage} offloads the optimizer"
+                if param_offload else None)
         return OffloadPlan("cpu", "none", None, note)
     return OffloadPlan("cpu", "cpu" if param_offload else "none", None, None)
 

@@ -82,6 +82,16 @@ def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any
     return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, trainable=False)
 
 
+def _zero3_leaves(cfg: RunConfig, role: str, ds: Any) -> list[str] | None:
+    """The decoder layer classes a ZeRO-3 role fetches as leaf modules (None: not used or unknown)."""
+    if ds.zero_stage != 3 or not ds.zero3_leaf_modules:
+        return None
+    from repro.workers.zero3_leaf import leaf_names_for_path
+
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    return leaf_names_for_path(model.path)
+
+
 def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, Any]:
     """Everything a run would use, as JSON-ready data (``warnings`` holds the plan's own notes)."""
     from repro.ds_config import resolve_offload
@@ -103,6 +113,7 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             "deepspeed": role_ds_config(cfg, role, on_cuda=on_cuda),
             "offload": dataclasses.asdict(offload),
             "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOB_FIELDS.items()},
+            "zero3_leaf_modules": _zero3_leaves(cfg, role, ds),
         }
         if role != "ref":
             out["batch"][role] = dataclasses.asdict(role_batch_plan(cfg, role))
@@ -129,6 +140,8 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
             f"{role}: ZeRO-{zero['stage']}, offload optimizer={off['optimizer']} param={off['param']}, "
             f"{dtype}"
         )
+        if section.get("zero3_leaf_modules"):
+            text += f", ZeRO-3 leaf modules {','.join(section['zero3_leaf_modules'])}"
         batch = plan["batch"].get(role)
         if batch:
             text += (

@@ -189,6 +189,12 @@ class RoleEngine:
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         self.engine: Any = None
+        self.zero3_leaves: list[str] = []
+        """Decoder layer classes fetched as ZeRO-3 leaf modules (empty below ZeRO-3 or when off)."""
+        if ds.zero_stage == 3 and ds.zero3_leaf_modules:
+            from repro.workers.zero3_leaf import mark_zero3_leaves
+
+            self.zero3_leaves = mark_zero3_leaves(module)
         if self.trainable:
             params = [p for p in module.parameters() if p.requires_grad]
             self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config)

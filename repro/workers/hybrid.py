@@ -103,8 +103,12 @@ class HybridWorker:
         return self.critic.compute_values(batch)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
+        from repro.workers.placement import placement_metrics
+
         metrics = self.actor.update_policy(batch)
         self._sample_nvml()
+        # Read from the engine each step (a few attribute reads) so every metrics row carries it.
+        metrics.update(placement_metrics(self.actor.engine.engine))
         return self._with_memory(metrics)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
