@@ -353,11 +353,19 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
             rec = None
         _local.depth = 1
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            # A call that raised did not complete: it must not read as returned in a hang report.
+            if rec is not None:
+                tracer.write_event(
+                    {"ev": "err", "index": rec.index, "t": time.time(), "error": repr(exc)[:200]}
+                )
+            raise
         finally:
             _local.depth = 0
-            if rec is not None:
-                tracer.after(rec)
+        if rec is not None:
+            tracer.after(rec)
+        return result
 
     traced.__repro_traced__ = original  # type: ignore[attr-defined]
     return traced
