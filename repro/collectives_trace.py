@@ -127,12 +127,17 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     call that never returned is the finding (:mod:`repro.collectives.incomplete`).
     """
     from repro.collectives.incomplete import incomplete
+    from repro.collectives.p2p import p2p_mismatch
+    from repro.collectives.splits import trace_split_mismatch
 
     traces = load_traces(directory)
     for t in sorted(traces.values(), key=lambda t: t.rank):
         if t.check_failures:
             return traces, divergence_from_json(t.check_failures[0]["report"])
-    return traces, first_divergence(traces) or incomplete(traces)
+    found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
+    if found:
+        return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+    return traces, incomplete(traces)
 
 
 def _summary(traces: dict[int, RankTrace]) -> str:

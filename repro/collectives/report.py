@@ -75,6 +75,12 @@ def headline(d: Divergence) -> str:
             f"Rank {who} did not reach {a.op} (call #{a.group_seq} on {grp}) that rank {d.rank_a} is waiting in; "
             f"rank {d.rank_b}'s last checked call: {last.op + ' #' + str(last.group_seq) + ' on group ' + last.group if last else 'none'}"
         )
+    if d.kind == "deadlock":
+        b = d.call_b
+        return (
+            f"Deadlock: rank {d.rank_a} waits in {a.short()} at {a.site} for rank {d.rank_b}, which waits in "
+            f"{b.short()} at {b.site} for an op rank {d.rank_a} has not issued; neither can go on"
+        )
     if d.kind == "missing":
         who = ", ".join(str(r) for r in d.missing_ranks)
         return (
@@ -126,6 +132,11 @@ def format_divergence(d: Divergence) -> str:
     for (label, f), lv in zip(cols, values_left, strict=False):
         mark = "*" if d.kind == "mismatch" and label in d.differing else " "
         lines.append(_row(label + mark, lv, f(right) if right else "-", width))
+    for rank, c in ((d.rank_a, left), (d.rank_b, right)):
+        if c is not None and len(c.stack) > 1:
+            lines.append("")
+            lines.append(f"  rank {rank}'s stack (innermost first):")
+            lines.extend(f"    {frame}" for frame in c.stack)
     if len(d.extra_calls) > 1:
         lines.append("")
         lines.append(f"  all extra calls on rank {d.rank_a}:")
