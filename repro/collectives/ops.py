@@ -215,8 +215,8 @@ def torch_collective_names() -> set[str]:
         with warnings.catch_warnings():  # reading the deprecated ``reduce_op`` alias warns
             warnings.simplefilter("ignore", FutureWarning)
             fn = getattr(c10d, name, None)
-        if not inspect.isfunction(fn) or name in NOT_COLLECTIVES:
-            continue
+            if not inspect.isfunction(fn) or name in NOT_COLLECTIVES:
+                continue
         try:
             params = inspect.signature(fn).parameters
         except (TypeError, ValueError):
