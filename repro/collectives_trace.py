@@ -123,13 +123,21 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     """The traces of a directory and their first divergence.
 
     A failure the live check recorded wins (it saw both ranks' calls before they ran);
-    otherwise the per-rank sequences are aligned.
+    otherwise the per-rank sequences are aligned; when they agree, a rank without a record or a
+    call that never returned is the finding (:mod:`repro.collectives.incomplete`).
     """
+    from repro.collectives.incomplete import incomplete
+    from repro.collectives.p2p import p2p_mismatch
+    from repro.collectives.splits import trace_split_mismatch
+
     traces = load_traces(directory)
     for t in sorted(traces.values(), key=lambda t: t.rank):
         if t.check_failures:
             return traces, divergence_from_json(t.check_failures[0]["report"])
-    return traces, first_divergence(traces)
+    found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
+    if found:
+        return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+    return traces, incomplete(traces)
 
 
 def _summary(traces: dict[int, RankTrace]) -> str:
@@ -169,7 +177,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, launch
+    from repro.collectives.launch import Target, launch, log_tail
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -177,19 +185,46 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         rest = rest[1:]
     target = Target.parse(rest)
     out = pathlib.Path(args.out)
-    codes = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s)
+    result = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s, args.stall_s)
+    codes = result.codes
     traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
-    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    if result.interrupted is not None:
+        import signal
+
+        print(
+            f"interrupted by {signal.Signals(result.interrupted).name}: every rank stopped; what was recorded:"
+        )
+    if result.stalled_s is not None:
+        print(
+            f"no rank made progress for {result.stalled_s:.0f} s with a call outstanding: the job hangs; "
+            "ranks stopped"
+        )
     if div is not None:
         print(format_divergence(div))
+    for rank, stack in sorted(result.stacks.items()):
+        if stack.strip():
+            print(f"\nPython stacks of rank {rank} when it was stopped:\n{stack.rstrip()}")
+    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    own = [r for r in failed if r not in result.killed]
+    for r in own:
+        # A rank that failed on its own before recording anything: its traceback is the story.
+        if div is None or r not in traces or not traces[r].calls:
+            print(
+                f"\nrank {r} failed ({_exit(codes[r])}); end of {out / f'rank{r}.log'}:\n{log_tail(out, r)}"
+            )
     if failed:
         print(
             "ranks that failed: "
-            + ", ".join(f"rank {r} ({_exit(c)})" for r, c in failed.items())
+            + ", ".join(
+                f"rank {r} ({_exit(c)}{', stopped by the launcher' if r in result.killed else ''})"
+                for r, c in failed.items()
+            )
             + f"; logs in {out}"
         )
     elif div is None:
         print(f"all {len(codes)} ranks exited 0; no divergence ({_summary(traces)})")
+    if result.interrupted is not None:
+        return 128 + int(result.interrupted)
     return 1 if (failed or div is not None) else 0
 
 
@@ -201,16 +236,38 @@ def _exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _run_target(args: argparse.Namespace):  # -> launch.Target
+    from repro.collectives.launch import Target
+
+    if args.module:
+        return Target(args.module[0], tuple(args.module[1:]), module=True)
+    return Target(args.script, tuple(args.args))
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    """One clear line (ValueError) before the script starts: no trace directory, or no such target."""
+    if not os.environ.get(ENV_DIR):
+        raise ValueError(
+            f"run traces into the directory named by {ENV_DIR}, which is not set; "
+            f"set it ({ENV_DIR}=trace/) or use 'launch', which sets it"
+        )
+    _run_target(args).check()
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from repro.collectives.watch import register_stack_dump
+
+    target = _run_target(args)
+    register_stack_dump()
     install_from_env()
-    if args.module is not None:
-        module, *rest = args.module
+    sys.argv = [target.name, *target.args]
+    if target.module:
         # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
-        sys.argv = [module, *rest]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        runpy.run_module(target.name, run_name="__main__", alter_sys=True)
         return 0
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
+    # As plain python does: the script's folder first on sys.path, so modules beside it import.
+    sys.path[0] = os.path.dirname(os.path.abspath(target.name))
+    runpy.run_path(target.name, run_name="__main__")
     return 0
 
 
@@ -227,6 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed"
     )
+    la.add_argument(
+        "--stall-s",
+        type=float,
+        default=30.0,
+        help="end the job as hung after this many seconds without progress on any rank (0: never)",
+    )
     la.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS] or -- -m MODULE [ARGS]")
     an = sub.add_parser("analyze", help="report the first divergence of a trace directory")
     an.add_argument("dir")
@@ -239,8 +302,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run SCRIPT (or -m MODULE) in this process with tracing from the environment (for torchrun)",
     )
     # -m takes the rest of the line, as python's does: ``run -m MODULE [ARGS]``.
-    ru.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
-                    help="-m MODULE [ARGS]: run a module as 'python -m' does")
+    ru.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE [ARGS]",
+        help="-m MODULE [ARGS]: run a module as 'python -m' does",
+    )
     ru.add_argument("script", nargs="?", help="SCRIPT [ARGS]: run a script file")
     ru.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -252,6 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         if (args.module is None) == (args.script is None) or args.module == []:
             parser.error("run needs either SCRIPT [ARGS] or -m MODULE [ARGS]")
+        try:
+            _check_run(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return _cmd_run(args)  # the script's own exceptions must surface unchanged
     handler = {"launch": _cmd_launch, "analyze": _cmd_analyze, "export": _cmd_export}[args.cmd]
     try:
