@@ -163,7 +163,7 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Activation checkpointing in the transformer blocks."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; padded batches are used here (no effect)."""
+    """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``."""
     external_lib: str | None = None
@@ -570,7 +570,6 @@ def ref_policy_used(cfg: RunConfig) -> bool:
 # non-default value gives one warning each; the reason says why it is ignored.
 NO_EFFECT_KEYS: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "repro has a single worker implementation",
-    "actor_rollout_ref.model.use_remove_padding": "workers train on padded batches with attention masks",
     "actor_rollout_ref.rollout.mode": "the hf rollout is synchronous",
     "actor_rollout_ref.rollout.load_format": "vLLM only",
     "actor_rollout_ref.rollout.max_num_seqs": "vLLM only",
@@ -579,7 +578,6 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.max_model_len": "vLLM only",
     "actor_rollout_ref.rollout.enforce_eager": "vLLM only",
     "actor_rollout_ref.rollout.free_cache_engine": "vLLM only",
-    "critic.model.use_remove_padding": "workers train on padded batches with attention masks",
     "reward.num_workers": "rewards are computed on the driver",
     "data.return_raw_chat": "prompts are rendered by the driver",
     "data.val_batch_size": "validation runs the whole set in one pass",
