@@ -170,6 +170,20 @@ class ModelConfig:
     """Module imported before the model is built (custom architectures)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
+    lora_rank: int = 0
+    """LoRA rank (0: full fine-tuning); the actor trains peft adapters only (repro.workers.lora)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (adapter update scaled by lora_alpha / lora_rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: ``all-linear`` or a list of module names (peft's target_modules)."""
+    exclude_modules: Any = None
+    """Modules never adapted (peft's exclude_modules), or None."""
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")
+        if self.lora_rank and self.lora_alpha <= 0:
+            _fail(self, "lora_alpha", "must be > 0")
 
 
 @dataclass

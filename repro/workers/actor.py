@@ -10,6 +10,7 @@ Batches use verl's padded layout (``input_ids``/``attention_mask``/``position_id
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +22,7 @@ from repro.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
-from repro.workers import checkpoint
+from repro.workers import checkpoint, lora
 from repro.workers.batches import (
     Batch,
     batch_size,
@@ -87,6 +88,8 @@ class ActorWorker:
         self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank
         module = load_hf_model(arr.model, torch_dtype(self.ds))
+        if role == "actor" and lora.enabled(arr.model):
+            module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(
             module, self.ds, self.plan,
             optim=arr.actor.optim if role == "actor" else None,
@@ -124,8 +127,13 @@ class ActorWorker:
             entropy = packed.unpack(entropy)[:, -resp_len - 1:-1] * mask
         return log_prob, entropy
 
-    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """Log-probs (and entropies) of the response tokens under the current weights."""
+    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False, *,
+                         without_adapters: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropies) of the response tokens under the current weights.
+
+        ``without_adapters``: under the base model of a LoRA actor (the reference policy of a
+        LoRA run, which therefore needs no copy of its own); the actor's rollout micro-batching.
+        """
         rollout, ref = self.cfg.actor_rollout_ref.rollout, self.cfg.actor_rollout_ref.ref
         if self.role == "ref":
             micro, dynamic, budget = (ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
@@ -139,7 +147,8 @@ class ActorWorker:
         total = batch_size(batch)
         log_probs = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        with torch.no_grad():
+        base = lora.adapters_disabled(self.engine.module) if without_adapters else contextlib.nullcontext()
+        with torch.no_grad(), base:
             for idx in splits:
                 mb = select(batch, idx)
                 lp, ent = self._log_probs(mb, with_entropy=calculate_entropy, capacity=budget if dynamic else None)
