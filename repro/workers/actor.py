@@ -258,3 +258,10 @@ class ActorWorker:
     def export_hf(self, out_dir: str) -> None:
         checkpoint.export_hf(self.engine, out_dir,
                              tokenizer_dir=checkpoint.tokenizer_dir(self.cfg.actor_rollout_ref.model))
+
+    def export_lora_adapter(self, out_dir: str) -> None:
+        """A peft adapter folder of a LoRA actor (load with ``PeftModel.from_pretrained``); all ranks call."""
+        if not lora.is_lora(self.engine.module):
+            raise ValueError("export_lora_adapter needs actor_rollout_ref.model.lora_rank > 0")
+        lora.save_adapter(self.engine.module, out_dir, self.ds.zero_stage == 3, self.rank == 0)
+        dist.barrier()

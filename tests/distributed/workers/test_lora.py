@@ -57,6 +57,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
     with torch.no_grad():
         logits = worker.engine.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                        position_ids=batch["position_ids"], use_cache=False).logits
+    worker.export_lora_adapter(os.path.join(root, "adapter"))
     out = {
         "trainable": trainable, "base0": base0, "base1": _named(worker, False),
         "adapters0": adapters0, "adapters1": _named(worker, True), "merged0": merged0,
@@ -90,13 +91,19 @@ def test_lora_trains_only_adapters_exports_merged_weights_and_resumes_bitwise(mu
     assert max((res["merged1"][k] - res["merged0"][k]).abs().max().item() for k in res["merged0"]) > 1e-4
     merged_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     merged_model.load_state_dict(res["merged1"], strict=False)
+    from peft import PeftModel
+
+    adapter_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), os.path.join(root, "adapter")).eval()
     for rank in range(2):
         batch = shard(make_step_batch(77, SAMPLES), rank, 2)
         with torch.no_grad():
             kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
             want = merged_model(**kwargs).logits
+            from_adapter = adapter_model(**kwargs).logits
             base_logits = base_model(**kwargs).logits
         assert (results[rank]["logits"] - want).abs().max().item() < 1e-5
+        assert (results[rank]["logits"] - from_adapter).abs().max().item() < 1e-5
         # the reference: the base model, adapters disabled
         resp = batch["responses"].shape[1]
         ref = logprobs_from_logits(base_logits[:, -resp - 1:-1], batch["responses"])
