@@ -182,13 +182,27 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Activation checkpointing in the transformer blocks."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; padded batches are used here (no effect)."""
+    """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``."""
     external_lib: str | None = None
     """Module imported before the model is built (custom architectures)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
+    lora_rank: int = 0
+    """LoRA rank (0: full fine-tuning); the actor trains peft adapters only (repro.workers.lora)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (adapter update scaled by lora_alpha / lora_rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: ``all-linear`` or a list of module names (peft's target_modules)."""
+    exclude_modules: Any = None
+    """Modules never adapted (peft's exclude_modules), or None."""
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")
+        if self.lora_rank and self.lora_alpha <= 0:
+            _fail(self, "lora_alpha", "must be > 0")
 
 
 @dataclass
@@ -593,7 +607,6 @@ def ref_policy_used(cfg: RunConfig) -> bool:
 # non-default value gives one warning each; the reason says why it is ignored.
 NO_EFFECT_KEYS: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "repro has a single worker implementation",
-    "actor_rollout_ref.model.use_remove_padding": "workers train on padded batches with attention masks",
     "actor_rollout_ref.rollout.mode": "the hf rollout is synchronous",
     "actor_rollout_ref.rollout.load_format": "vLLM only",
     "actor_rollout_ref.rollout.max_num_seqs": "vLLM only",
@@ -602,7 +615,6 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.max_model_len": "vLLM only",
     "actor_rollout_ref.rollout.enforce_eager": "vLLM only",
     "actor_rollout_ref.rollout.free_cache_engine": "vLLM only",
-    "critic.model.use_remove_padding": "workers train on padded batches with attention masks",
     "reward.num_workers": "rewards are computed on the driver",
     "data.return_raw_chat": "prompts are rendered by the driver",
     "data.val_batch_size": "validation runs the whole set in one pass",

@@ -306,6 +306,10 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
                 "parallelism is not implemented for the DeepSpeed workers; set it to 1"
             )
 
+    if use_critic and cfg.critic.model.lora_rank:
+        raise ValueError(f"critic.model.lora_rank={cfg.critic.model.lora_rank}: LoRA is implemented for the "
+                         "actor only (actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0")
+
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False:
         raise ValueError(
             "algorithm.adv_estimator=gae needs a critic but critic.enable=False; "

@@ -10,6 +10,7 @@ Batches use verl's padded layout (``input_ids``/``attention_mask``/``position_id
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -17,17 +18,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import (
-    agg_loss,
-    compute_policy_loss,
-    entropy_from_logits,
-    kl_penalty,
-    logprobs_from_logits,
-)
+from repro.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
-from repro.workers import checkpoint
+from repro.workers import checkpoint, lora
 from repro.workers.batches import (
     Batch,
     batch_size,
@@ -37,6 +32,8 @@ from repro.workers.batches import (
     select,
 )
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+from repro.workers.logprob import token_log_probs
+from repro.workers.packing import pack
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +85,11 @@ class ActorWorker:
         self.plan = plan_role_batch(cfg, "actor")
         self.skip_inactive = check_inactive_skip(cfg, self.world_size) if role == "actor" else False
         self.temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
+        self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank
         module = load_hf_model(arr.model, torch_dtype(self.ds))
+        if role == "actor" and lora.enabled(arr.model):
+            module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(
             module, self.ds, self.plan,
             optim=arr.actor.optim if role == "actor" else None,
@@ -100,17 +100,40 @@ class ActorWorker:
         """Update calls so far (seeds the between-epoch shuffle; saved in checkpoints)."""
 
     # ---- forward ---------------------------------------------------------------------------
-    def _response_logits(self, mb: Batch) -> torch.Tensor:
-        """Logits predicting each response token, ``[b, R, V]``, divided by the rollout temperature."""
-        resp_len = mb["responses"].shape[1]
-        out = self.engine.forward(
-            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-            use_cache=False, logits_to_keep=resp_len + 1,
-        )
-        return out.logits[:, :-1, :] / self.temperature
+    def _log_probs(self, mb: Batch, *, with_entropy: bool,
+                   capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the response tokens under ``softmax(logits / T)``, ``[b, R]``.
 
-    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """Log-probs (and entropies) of the response tokens under the current weights."""
+        Computed in chunks (:mod:`repro.workers.logprob`); with ``use_remove_padding`` the forward
+        runs on the micro-batch's real tokens packed into rows of ``capacity`` tokens.
+        """
+        resp_len = mb["responses"].shape[1]
+        if not self.remove_padding:
+            logits = self.engine.forward(
+                input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+                use_cache=False, logits_to_keep=resp_len + 1,
+            ).logits[:, :-1]
+            return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity)
+        logits = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                     use_cache=False).logits
+        log_prob, entropy = token_log_probs(logits, packed.next_token, temperature=self.temperature,
+                                            with_entropy=with_entropy)
+        # Padded position j predicts token j + 1: response token t is predicted at P + t - 1.
+        # Positions off the response mask may hold the next packed sample's token: zero them.
+        mask = mb["response_mask"].to(log_prob.dtype)
+        log_prob = packed.unpack(log_prob)[:, -resp_len - 1:-1] * mask
+        if entropy is not None:
+            entropy = packed.unpack(entropy)[:, -resp_len - 1:-1] * mask
+        return log_prob, entropy
+
+    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False, *,
+                         without_adapters: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropies) of the response tokens under the current weights.
+
+        ``without_adapters``: under the base model of a LoRA actor (the reference policy of a
+        LoRA run, which therefore needs no copy of its own); the actor's rollout micro-batching.
+        """
         rollout, ref = self.cfg.actor_rollout_ref.rollout, self.cfg.actor_rollout_ref.ref
         if self.role == "ref":
             micro, dynamic, budget = (ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
@@ -124,14 +147,15 @@ class ActorWorker:
         total = batch_size(batch)
         log_probs = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        with torch.no_grad():
+        base = lora.adapters_disabled(self.engine.module) if without_adapters else contextlib.nullcontext()
+        with torch.no_grad(), base:
             for idx in splits:
                 mb = select(batch, idx)
-                logits = self._response_logits(mb)
+                lp, ent = self._log_probs(mb, with_entropy=calculate_entropy, capacity=budget if dynamic else None)
                 rows = torch.as_tensor(idx, device=log_probs.device)
-                log_probs[rows] = logprobs_from_logits(logits, mb["responses"])
+                log_probs[rows] = lp.float()
                 if entropy is not None:
-                    entropy[rows] = entropy_from_logits(logits.float())
+                    entropy[rows] = ent.float()
         assert sum(len(i) for i in splits) == total
         out = {"log_probs": log_probs.cpu()}
         if entropy is not None:
@@ -160,14 +184,14 @@ class ActorWorker:
         low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
         high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
         dp = float(self.world_size)
+        capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, token_weights = [], []
         for mini in minis:
             denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
-                logits = self._response_logits(mb)
                 mask = mb["response_mask"].to(torch.float32)
-                log_prob = logprobs_from_logits(logits, mb["responses"])
+                log_prob, entropy = self._log_probs(mb, with_entropy=a.entropy_coeff != 0, capacity=capacity)
                 pg = compute_policy_loss(mb["old_log_probs"].float(), log_prob, mb["advantages"].float(), mask,
                                          low, high, a.clip_ratio_c, a.loss_agg_mode, **denoms)
                 loss = pg.loss
@@ -181,7 +205,6 @@ class ActorWorker:
                 }
                 if a.entropy_coeff != 0:
                     # Without an entropy bonus the trainer reports entropy from compute_log_prob.
-                    entropy = entropy_from_logits(logits.float())
                     loss = loss - a.entropy_coeff * agg_loss(entropy, mask, a.loss_agg_mode, **denoms)
                     stats["actor/entropy"] = (entropy.detach() * mask).sum()
                 if a.use_kl_loss:
@@ -237,3 +260,10 @@ class ActorWorker:
     def export_hf(self, out_dir: str) -> None:
         checkpoint.export_hf(self.engine, out_dir,
                              tokenizer_dir=checkpoint.tokenizer_dir(self.cfg.actor_rollout_ref.model))
+
+    def export_lora_adapter(self, out_dir: str) -> None:
+        """A peft adapter folder of a LoRA actor (load with ``PeftModel.from_pretrained``); all ranks call."""
+        if not lora.is_lora(self.engine.module):
+            raise ValueError("export_lora_adapter needs actor_rollout_ref.model.lora_rank > 0")
+        lora.save_adapter(self.engine.module, out_dir, self.ds.zero_stage == 3, self.rank == 0)
+        dist.barrier()

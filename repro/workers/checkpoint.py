@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from repro.workers import lora
+
 if TYPE_CHECKING:
     from repro.workers.engine import RoleEngine
 
@@ -118,7 +120,9 @@ def save(engine: RoleEngine, path: str, step: int, extra: dict, *, state: dict |
         folder.mkdir(parents=True, exist_ok=True)
         (folder / META).unlink(missing_ok=True)  # an overwritten folder is incomplete until the end
     _barrier()
-    engine.engine.save_checkpoint(str(folder / "ds"), tag=DS_TAG, client_state={}, save_latest=False)
+    # A LoRA actor's frozen base is the model folder's: the checkpoint holds the adapters only.
+    engine.engine.save_checkpoint(str(folder / "ds"), tag=DS_TAG, client_state={}, save_latest=False,
+                                  exclude_frozen_parameters=lora.is_lora(engine.module))
     payload = {"rng": _rng_state(), "state": state or {}, "extra": extra, "step": step}
     rank_file = folder / f"rank{_rank()}_state.pt"
     torch.save(payload, str(rank_file) + ".tmp")
@@ -156,7 +160,8 @@ def load(engine: RoleEngine, path: str, *, digest_source: Any = None) -> Loaded:
     rank_file = p / f"rank{_rank()}_state.pt"
     try:
         loaded_path, _ = engine.engine.load_checkpoint(str(p / "ds"), tag=DS_TAG, load_optimizer_states=True,
-                                                       load_lr_scheduler_states=True)
+                                                       load_lr_scheduler_states=True,
+                                                       load_module_strict=not lora.is_lora(engine.module))
         payload = torch.load(rank_file, weights_only=False)
     except (OSError, RuntimeError, EOFError, KeyError, ValueError, AssertionError) as err:
         raise ValueError(f"checkpoint {p} could not be loaded ({type(err).__name__}: {err})") from err
@@ -176,6 +181,9 @@ def iter_full_weights(engine: RoleEngine) -> Iterator[tuple[str, torch.Tensor]]:
     iterator); below ZeRO-3 every rank already holds the full (training-dtype) parameters.
     """
     zero3 = engine.engine is not None and engine.ds.zero_stage == 3
+    if lora.is_lora(engine.module):
+        yield from lora.merged_weights(engine.module, zero3)
+        return
     if not zero3:
         for name, param in engine.module.named_parameters():
             yield name, param.detach()
@@ -199,7 +207,7 @@ def export_hf(engine: RoleEngine, out_dir: str, *, tokenizer_dir: str | None = N
         tmp = out.with_name(out.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        engine.module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        lora.base_model(engine.module).save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
         if tokenizer_dir:
             for name in _TOKENIZER_FILES:
                 src = Path(tokenizer_dir) / name

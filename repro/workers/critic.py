@@ -27,6 +27,7 @@ from repro.workers.batches import (
     select,
 )
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+from repro.workers.packing import pack
 
 
 class CriticWorker:
@@ -40,17 +41,24 @@ class CriticWorker:
         self.ds = resolve_env_knobs(cfg.critic.deepspeed_config)
         self.plan = plan_role_batch(cfg, "critic")
         model_cfg = cfg.critic.model
+        self.remove_padding = bool(model_cfg.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # same value-head init on every rank and run
         module = load_hf_model(model_cfg, torch_dtype(self.ds), value_head=True)
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
                                  grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides)
         self.updates = 0
 
-    def _values(self, mb: Batch) -> torch.Tensor:
+    def _values(self, mb: Batch, capacity: int | None = None) -> torch.Tensor:
+        """Values predicting each response token, ``[b, R]``; packed rows of ``capacity`` tokens
+        with ``use_remove_padding`` (:mod:`repro.workers.packing`)."""
         resp_len = mb["responses"].shape[1]
-        out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                  position_ids=mb["position_ids"], use_cache=False)
-        return out.logits[:, -resp_len - 1:-1, 0].float()
+        if not self.remove_padding:
+            out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                      position_ids=mb["position_ids"], use_cache=False)
+            return out.logits[:, -resp_len - 1:-1, 0].float()
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity)
+        out = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids, use_cache=False)
+        return packed.unpack(out.logits[..., 0].float())[:, -resp_len - 1:-1] * mb["response_mask"]
 
     def _to_device(self, batch: Batch) -> Batch:
         dev = self.engine.device
@@ -61,12 +69,13 @@ class CriticWorker:
         c = self.ccfg
         batch = self._to_device(batch)
         micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu or None
-        splits = forward_micro_batches(batch, micro, c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None)
+        budget = c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None
+        splits = forward_micro_batches(batch, micro, budget)
         values = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         with torch.no_grad():
             for idx in splits:
                 mb = select(batch, idx)
-                values[torch.as_tensor(idx, device=values.device)] = self._values(mb) * mb["response_mask"]
+                values[torch.as_tensor(idx, device=values.device)] = self._values(mb, budget) * mb["response_mask"]
         assert sum(len(i) for i in splits) == batch_size(batch)
         return {"values": values.cpu()}
 
@@ -81,13 +90,14 @@ class CriticWorker:
             max_token_len=self.plan.max_token_len if self.plan.dynamic else None,
         )
         dp = float(self.world_size)
+        capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, weights = [], []
         for mini in minis:
             denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
                 mask = mb["response_mask"].to(torch.float32)
-                vpreds = self._values(mb)
+                vpreds = self._values(mb, capacity)
                 vf = compute_value_loss(vpreds, mb["returns"].float(), mb["values"].float(), mask,
                                         c.cliprange_value, c.loss_agg_mode, **denoms)
                 tokens = mask.sum()

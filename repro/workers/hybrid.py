@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.workers import lora
 
 Batch = dict[str, torch.Tensor]
 
@@ -70,7 +71,9 @@ class HybridWorker:
         self.cfg = cfg
         self.rank = torch.distributed.get_rank()
         self.actor = ActorWorker(cfg, role="actor")
-        self.ref = ActorWorker(cfg, role="ref") if ref_policy_used(cfg) else None
+        # A LoRA actor is its own reference: the base model with the adapters disabled.
+        self.ref_in_actor = lora.enabled(cfg.actor_rollout_ref.model)
+        self.ref = ActorWorker(cfg, role="ref") if ref_policy_used(cfg) and not self.ref_in_actor else None
         self.critic = None
         if critic_enabled(cfg):
             from repro.workers.critic import CriticWorker
@@ -95,6 +98,8 @@ class HybridWorker:
         return self.actor.compute_log_prob(batch, calculate_entropy=True)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        if self.ref_in_actor:
+            return self.actor.compute_log_prob(batch, without_adapters=True)
         assert self.ref is not None, "reference policy requested but no KL term is configured"
         return self.ref.compute_log_prob(batch)
 
