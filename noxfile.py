@@ -7,11 +7,13 @@ GPU machine's own environment with its CUDA torch), so no session re-installs to
     nox -s tests        unit, then distributed + slow: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
     nox -s lint         ruff
+    nox -s verl         repro's RL math against verl 0.9.1 itself, in its own cached .venv-verl
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import nox
@@ -67,3 +69,17 @@ def gpu_e2e(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """Static checks."""
     session.run(sys.executable, "-m", "ruff", "check", "repro", "tests", "noxfile.py", "conftest.py")
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """Parity with verl 0.9.1: builds .venv-verl once (scripts/setup_verl.sh), then runs tests/verl_parity
+    there with this checkout importable. Skips, saying why, only when the package index is unreachable."""
+    rc = subprocess.call(["bash", "scripts/setup_verl.sh"])
+    if rc == 75:
+        session.skip("verl parity: the package index is unreachable, so .venv-verl cannot be built")
+    if rc:
+        session.error(f"scripts/setup_verl.sh failed with exit status {rc}")
+    env = {**CPU_ENV, **_profile(), "PYTHONPATH": os.getcwd()}
+    session.run(".venv-verl/bin/python", "-m", "pytest", "tests/verl_parity", "-q", "-p", "no:cacheprovider",
+                *session.posargs, env=env, external=True)
