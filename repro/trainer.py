@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from repro import algorithms
+from repro.advantages import compute_advantage
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.metrics import (
@@ -195,11 +196,9 @@ class PPOTrainer:
             rewards, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, algo.kl_penalty)
             out.update(kl_metrics)
         batch["token_level_rewards"] = rewards
-        if algo.adv_estimator == "grpo":
-            index = torch.arange(rewards.shape[0]) // self.n
-            adv, ret = algorithms.compute_grpo_outcome_advantage(rewards, mask, index, algo.norm_adv_by_std_in_grpo)
-        else:
-            adv, ret = algorithms.compute_gae_advantage_return(rewards, batch["values"], mask, algo.gamma, algo.lam)
+        adv, ret = compute_advantage(algo.adv_estimator, rewards, mask, torch.arange(rewards.shape[0]) // self.n,
+                                     values=batch.get("values"), gamma=algo.gamma, lam=algo.lam,
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
         batch["advantages"], batch["returns"] = adv, ret
         return out
 
