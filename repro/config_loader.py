@@ -320,10 +320,15 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             "critic.enable=True with algorithm.adv_estimator=grpo: the critic is trained but GRPO "
             "advantages do not use its values"
         )
+    if cfg.algorithm.adv_estimator == "grpo_passk" and arr.rollout.n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator=grpo_passk needs actor_rollout_ref.rollout.n >= 2 (it compares the best "
+            f"two samples of each prompt), got {arr.rollout.n}"
+        )
     if cfg.algorithm.adv_estimator == "grpo" and arr.rollout.n == 1:
         notes.append(
             "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo: each group has one "
-            "sample, so every advantage is 0; use rollout.n >= 2"
+            "sample, so (as in verl) its advantage is its raw score, without a baseline; use rollout.n >= 2"
         )
 
     for role in ("actor", "critic") if use_critic else ("actor",):

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from repro import algorithms
+from repro.advantages import compute_advantage
 from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
@@ -42,6 +43,7 @@ from repro.metrics import (
 from repro.resume_check import check_resume, describe_changes, record_config
 from repro.rl_batch import (
     KLController,
+    apply_kl_penalty,
     batch_metrics,
     concat_batches,
     decode_responses,
@@ -188,23 +190,17 @@ class PPOTrainer:
         return row
 
     def _rewards_and_advantages(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-        cfg, algo = self.cfg, self.cfg.algorithm
+        algo = self.cfg.algorithm
         mask = batch["response_mask"]
         out: dict[str, float] = {}
         rewards = batch["token_level_scores"]
         if algo.use_kl_in_reward:
-            kld = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty) * mask
-            rewards = rewards - self.kl_ctrl.value * kld
-            current_kl = algorithms.masked_mean(kld, mask, dim=-1).mean().item()
-            out["actor/reward_kl_penalty"] = current_kl
-            out["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
-            self.kl_ctrl.update(current_kl, n_steps=cfg.data.train_batch_size)
+            rewards, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, algo.kl_penalty)
+            out.update(kl_metrics)
         batch["token_level_rewards"] = rewards
-        if algo.adv_estimator == "grpo":
-            index = torch.arange(rewards.shape[0]) // self.n
-            adv, ret = algorithms.compute_grpo_outcome_advantage(rewards, mask, index, algo.norm_adv_by_std_in_grpo)
-        else:
-            adv, ret = algorithms.compute_gae_advantage_return(rewards, batch["values"], mask, algo.gamma, algo.lam)
+        adv, ret = compute_advantage(algo.adv_estimator, rewards, mask, torch.arange(rewards.shape[0]) // self.n,
+                                     values=batch.get("values"), gamma=algo.gamma, lam=algo.lam,
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
         batch["advantages"], batch["returns"] = adv, ret
         return out
 
