@@ -120,7 +120,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
         runs = sorted(p for p in root.iterdir() if p.is_dir() and _is_run_of(p.name, t.experiment_name)) \
             if root.is_dir() else []
         # A folder without a checkpoint has nothing to continue (a run that failed early): never adopt it.
-        unfinished = [p for p in runs if run_state(p).get("status") != "finished" and (p / "checkpoints" / LATEST).is_file()]
+        unfinished = [p for p in runs
+                      if run_state(p).get("status") != "finished" and latest_checkpoint(p / "checkpoints")]
         run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
     else:
         run_dir = _new_run_dir(t.experiment_name)

@@ -10,10 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from repro.checkpoint_store import CheckpointStore
 from repro.config_loader import CONFIG_NAMES, ConfigWarning, load_config
 from repro.preflight import InputError
 from repro.resume_check import IGNORED, check_resume, diff, is_ignored, record_config, result_config
-from repro.run_setup import LATEST, RUN_STATE, RunPaths, choose_run_paths, write_run_state
+from repro.run_setup import RUN_STATE, RunPaths, choose_run_paths, write_run_state
 
 
 def _load(overrides=(), name="grpo_tiny"):
@@ -25,8 +26,9 @@ def _load(overrides=(), name="grpo_tiny"):
 def _started_run(tmp_path: Path, overrides=()) -> Path:
     """A run folder as a run leaves it after its step-2 checkpoint (config recorded, marker written)."""
     run_dir = tmp_path / "outputs" / "grpo_tiny_arith_20260101_000000"
-    (run_dir / "checkpoints" / "global_step_2").mkdir(parents=True)
-    (run_dir / "checkpoints" / LATEST).write_text("2\n")
+    store = CheckpointStore(run_dir / "checkpoints")
+    (store.begin(2) / "trainer_state.json").write_text("{}")
+    store.commit(2)
     record_config(_load(overrides), RunPaths(run_dir, run_dir / "checkpoints", None, 0), {})
     write_run_state(run_dir, status="interrupted")
     return run_dir
