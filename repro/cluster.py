@@ -27,6 +27,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.config import RunConfig
+from repro.devices import on_cpu
 from repro.interrupts import reclaim_sigterm
 from repro.worker_errors import gather
 
@@ -41,9 +42,7 @@ def use_gpu(cfg: RunConfig) -> bool:
     """Whether ranks get GPUs: ``trainer.device``, or auto = CUDA visible on the driver."""
     device = cfg.trainer.device
     if device == "auto":
-        import torch
-
-        return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "").lower() != "cpu"
+        return not on_cpu()
     return device == "cuda"
 
 

@@ -36,7 +36,7 @@ def resolve_on_cuda(cfg: RunConfig) -> bool:
     """trainer.device: cuda, cpu, or auto (what the workers decide: CUDA unless DS_ACCELERATOR=cpu or no GPU)."""
     if cfg.trainer.device != "auto":
         return cfg.trainer.device == "cuda"
-    from repro.distributed import on_cpu
+    from repro.devices import on_cpu
 
     return not on_cpu()
 

@@ -109,7 +109,7 @@ def _rank_main(
     os.environ.update(rank_env(rank, world_size))
     if backend == "nccl":
         # The root conftest sets DS_ACCELERATOR=cpu for CPU suites; NCCL ranks run DeepSpeed on
-        # CUDA (repro.distributed.on_cpu() is then False). CUDA_VISIBLE_DEVICES is left as given.
+        # CUDA (repro.devices.on_cpu() is then False). CUDA_VISIBLE_DEVICES is left as given.
         os.environ["DS_ACCELERATOR"] = "cuda"
         os.environ.update(_NCCL_ENV)
     else:

@@ -39,6 +39,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.devices import on_cpu
+
 CASES = {
     "zero1": {"zero_stage": 1, "offload": "none", "param_offload": False},
     "zero2": {"zero_stage": 2, "offload": "none", "param_offload": False},
@@ -118,9 +120,9 @@ def _batch(args: argparse.Namespace, vocab: int, rank: int):
 
 
 def _sync() -> None:
-    import torch
+    if not on_cpu():
+        import torch
 
-    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
         torch.cuda.synchronize()
 
 

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from repro.data import arith
 from repro.data.tiny_model import TinyShape, build_model, num_parameters, save_model, tiny_config
 from repro.data.tokenizer import build_tokenizer
+from repro.devices import default_device
 from repro.rewards.gsm8k import compute_score
 
 # Bump when the training procedure changes, so old cache entries are not reused.
@@ -127,10 +128,6 @@ def sft_training_sampler(recipe: SFTRecipe) -> Callable[[], arith.Problem]:
 # Accuracy band the default recipe is meant to land in (threshold 0.25 plus the overshoot of a
 # 10-step check interval measured over five seeds); RL has room above it.
 ACCURACY_BAND = (0.25, 0.60)
-
-
-def default_device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def cache_root() -> Path:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from repro.distributed import on_cpu
+from repro.devices import nvml_used_gb, on_cpu
 from repro.ds_config import build_ds_config, resolve_model_dtype
 
 if TYPE_CHECKING:
@@ -117,18 +117,9 @@ def memory_metrics() -> dict[str, float]:
         return out
     out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        index = torch.cuda.current_device()
-        if visible and not visible.startswith("GPU-"):
-            index = int(visible.split(",")[index])
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-        out["perf/nvml_memory_used_gb"] = info.used / 2**30
-    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion
-        pass
+    used = nvml_used_gb()
+    if used is not None:
+        out["perf/nvml_memory_used_gb"] = used
     return out
 
 

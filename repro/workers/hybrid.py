@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.devices import nvml_used_gb
 from repro.workers import lora
 
 Batch = dict[str, torch.Tensor]
@@ -25,22 +26,6 @@ def sampling_seed(seed: int, step: int, rank: int, purpose: str = "train") -> in
     """The rollout seed of one rank at one step: reproducible, distinct across steps and ranks."""
     digest = hashlib.sha256(f"repro.rollout:{purpose}:{seed}:{step}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def _nvml_used_gb() -> float | None:
-    """Memory in use on this rank's GPU as the driver sees it (NVML), or None off CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        index = int(visible.split(",")[torch.cuda.current_device()]) if visible else torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
-    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion on memory
-        return None
 
 
 def _quiet_libraries() -> None:
@@ -123,13 +108,13 @@ class HybridWorker:
         return self._with_memory(metrics)
 
     def _sample_nvml(self) -> None:
-        used = _nvml_used_gb()
+        used = nvml_used_gb()
         if used is not None:
             self._nvml_peak = max(self._nvml_peak, used)
 
     def _with_memory(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics = dict(metrics)
-        if torch.cuda.is_available() and self.rollout.device.type == "cuda":
+        if self.rollout.device.type == "cuda":
             metrics.setdefault("perf/max_memory_allocated_gb", torch.cuda.max_memory_allocated() / 2**30)
             metrics.setdefault("perf/max_memory_reserved_gb", torch.cuda.max_memory_reserved() / 2**30)
             if self._nvml_peak:

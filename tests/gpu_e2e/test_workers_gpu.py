@@ -133,7 +133,7 @@ def _check_rank_setup(worker, stage: int) -> dict:
     """What the rank really runs on: device, backend, dtype, ZeRO stage, partitioning."""
     import torch.distributed as dist
 
-    from repro.distributed import on_cpu
+    from repro.devices import on_cpu
 
     module = worker.engine.module
     params = list(module.parameters())
