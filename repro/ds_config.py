@@ -36,7 +36,8 @@ class OffloadPlan:
     """Why the plan differs from what was asked, if it does."""
 
 
-def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_dir: str | None) -> OffloadPlan:
+def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_dir: str | None,
+                    key: str = "deepspeed") -> OffloadPlan:
     """The stage-aware offload rule shared by actor and critic.
 
     ``auto`` means ``cpu``. ZeRO-1 and ZeRO-2 offload the optimizer; ZeRO-3 offloads the optimizer
@@ -46,7 +47,8 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
     engine really holds its fp32 master partitions on the CPU then (read back in
     ``tests/distributed/workers/test_placement.py``).
     ``nvme`` is ZeRO-Infinity: it needs ZeRO-3 and ``deepspeed.offload_dir``, else it is refused
-    (it is never turned into CPU offload behind the user's back).
+    (it is never turned into CPU offload behind the user's back). ``key`` is the config section
+    that errors name (e.g. ``critic.deepspeed_config``).
     """
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of [1, 2, 3]")
@@ -58,11 +60,11 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
     if device == "nvme":
         if zero_stage != 3:
             raise ValueError(
-                f"deepspeed.offload='nvme' needs deepspeed.zero_stage=3 (ZeRO-Infinity); got zero_stage={zero_stage}. "
-                "Use offload='cpu' at ZeRO-1/2 or set zero_stage=3."
+                f"{key}.offload=nvme needs {key}.zero_stage=3 (ZeRO-Infinity), got zero_stage={zero_stage}; "
+                f"use {key}.offload=cpu at ZeRO-1/2"
             )
         if not offload_dir:
-            raise ValueError("deepspeed.offload='nvme' needs deepspeed.offload_dir (a directory on an NVMe drive)")
+            raise ValueError(f"{key}.offload=nvme needs {key}.offload_dir (a directory on an NVMe drive)")
         return OffloadPlan("nvme", "nvme" if param_offload else "none", str(offload_dir), None)
     if zero_stage < 3:
         note = (f"VERL_ENABLE_PARAM_OFFLOAD applies to ZeRO-3 only; ZeRO-{zero_stage} offloads the optimizer"

@@ -28,6 +28,7 @@ from repro.advantages import compute_advantage
 from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.config_loader import fill_optimizer_steps
 from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
 from repro.metrics import (
     MetricsLog,
@@ -316,17 +317,6 @@ def _f(x: Any) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def _fill_optimizer_steps(cfg: RunConfig, rl_steps: int) -> None:
-    """Optimizer steps of the LR schedule = RL steps x epochs x mini-batches (unless already set)."""
-    from repro.batching import plan_role_batch
-
-    roles = [("actor", cfg.actor_rollout_ref.actor)] + ([("critic", cfg.critic)] if critic_enabled(cfg) else [])
-    for role, section in roles:
-        if section.optim.total_training_steps <= 0:
-            plan = plan_role_batch(cfg, role)
-            section.optim.total_training_steps = rl_steps * section.ppo_epochs * plan.num_mini_batches
-
-
 def run(cfg: RunConfig) -> Path:
     """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs).
 
@@ -347,7 +337,7 @@ def run(cfg: RunConfig) -> Path:
                 log.warning(describe_changes(changes))
             cfg = resolve_builtin_assets(cfg)
             trainer = PPOTrainer(cfg, paths)
-            _fill_optimizer_steps(cfg, trainer.total_steps)
+            fill_optimizer_steps(cfg, trainer.total_steps)
             write_config_yaml(cfg, paths.run_dir / "config.yaml")
             return trainer.fit()
         except (KeyboardInterrupt, SystemExit) as e:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from repro.algorithms import agg_loss, compute_policy_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
+from repro.config_loader import check_inactive_skip
 from repro.distributed import init_distributed
 from repro.workers import checkpoint, lora
 from repro.workers.batches import (
@@ -40,32 +41,16 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "ref")
 
 
-def check_inactive_skip(cfg: RunConfig, world_size: int) -> bool:
-    """Whether the inactive-micro-batch shortcut is on; refuses it in multi-rank data parallel.
-
-    Skipping backward for a micro-batch with no response tokens is a rank-local decision, so
-    ranks stop issuing the same collectives: in the historical ZeRO-2 hang rank 0 skipped its
-    backward and entered a 1-element all_reduce (the overflow check in ``step()``) while rank 1
-    was in a 440467456-element gradient all_reduce of its backward.
-    """
-    actor = cfg.actor_rollout_ref.actor
-    if not actor.skip_inactive_micro_batches:
-        return False
-    if world_size > 1:
-        if not actor.unsafe_allow_skip_in_data_parallel:
-            raise ValueError(
-                f"actor_rollout_ref.actor.skip_inactive_micro_batches=True with {world_size} data-parallel ranks: "
-                "a rank that skips a micro-batch's backward issues different collectives from its peers "
-                "(the ZeRO-2 hang: rank 0 in a 1-element all_reduce, rank 1 in a 440467456-element gradient "
-                "all_reduce). It is allowed only at world size 1; set "
-                "actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel=True only to reproduce that hang."
-            )
+def inactive_skip_on(cfg: RunConfig, world_size: int) -> bool:
+    """``check_inactive_skip`` on this rank's real world size, with a warning when it is the unsafe case."""
+    on = check_inactive_skip(cfg, world_size)
+    if on and world_size > 1:
         logger.warning(
             "UNSAFE: skip_inactive_micro_batches in data parallel (world size %d): ranks will issue "
             "mismatched collectives and hang or crash; this exists to reproduce the ZeRO-2 hang",
             world_size,
         )
-    return True
+    return on
 
 
 class ActorWorker:
@@ -83,7 +68,7 @@ class ActorWorker:
         self.acfg = arr.actor
         self.ds = resolve_env_knobs(arr.actor.deepspeed if role == "actor" else arr.ref.deepspeed)
         self.plan = plan_role_batch(cfg, "actor")
-        self.skip_inactive = check_inactive_skip(cfg, self.world_size) if role == "actor" else False
+        self.skip_inactive = inactive_skip_on(cfg, self.world_size) if role == "actor" else False
         self.temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
         self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank

@@ -318,7 +318,7 @@ def test_critic_rules_follow_the_advantage_estimator():
 
 
 def test_skipping_empty_micro_batches_is_refused_in_data_parallel():
-    with pytest.raises(ValueError, match="skip_inactive_micro_batches=True with world size 2"):
+    with pytest.raises(ValueError, match="skip_inactive_micro_batches=True with 2 data-parallel ranks"):
         validate_run_config(run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True))
     validate_run_config(
         run_config(
