@@ -116,7 +116,7 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     state = json.loads((run_dir / "run.json").read_text())
     assert state["status"] == "interrupted" and state["last_checkpoint_step"] in (2, 3, 4)
     step = state["last_checkpoint_step"]
-    resume_lines = [ln for ln in out.splitlines() if "Resume with the same command" in ln]
+    resume_lines = [ln for ln in out.splitlines() if "Resume with: " in ln]
     assert len(resume_lines) == 1 and f"step {step}" in resume_lines[0], out[-3000:]
     assert not (run_dir / "run.lock").exists()
     print(f"{how}: driver exited 130 in {stop_s:.1f} s; {len(procs)} job processes all gone")
