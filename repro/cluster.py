@@ -29,6 +29,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from repro.config import RunConfig
 from repro.devices import on_cpu
 from repro.interrupts import reclaim_sigterm
+from repro.preflight import alive_ray_nodes, check_nodes, ray_address
 from repro.worker_errors import gather
 
 log = logging.getLogger("repro.trainer")
@@ -47,7 +48,8 @@ def use_gpu(cfg: RunConfig) -> bool:
 
 
 def start_ray(cfg: RunConfig) -> None:
-    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``."""
+    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``; then
+    ``trainer.nnodes`` is checked against the cluster's alive nodes (``repro.preflight.check_nodes``)."""
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -60,6 +62,7 @@ def start_ray(cfg: RunConfig) -> None:
         raise ValueError("ray_kwargs.ray_init.num_cpus cannot be set when joining a cluster (trainer.ray_address)")
     ray.init(**kwargs)
     reclaim_sigterm()
+    check_nodes(cfg.trainer.nnodes, ray_address(cfg), alive_ray_nodes())
 
 
 def _free_port() -> int:

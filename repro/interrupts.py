@@ -94,4 +94,4 @@ def mark_interrupted(paths: RunPaths, argv: list[str] | None = None) -> str:
         return (f"interrupted before the first checkpoint: nothing to resume in {paths.run_dir}; "
                 f"run again to start over: {resume_command(argv)}")
     return (f"interrupted; last complete checkpoint: step {found[1]} ({last}). "
-            f"Resume with the same command: {resume_command(argv)}")
+            f"Resume with: {resume_command(argv)}")

@@ -341,7 +341,7 @@ def run(cfg: RunConfig) -> Path:
             write_config_yaml(cfg, paths.run_dir / "config.yaml")
             return trainer.fit()
         except (KeyboardInterrupt, SystemExit) as e:
-            # ray.init replaces our SIGTERM handler with one that calls sys.exit(SIGTERM).
+            # Ray's own SIGTERM handler calls sys.exit(SIGTERM) (cluster.start_ray puts ours back after it).
             if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
                 raise
             with ignore_signals():

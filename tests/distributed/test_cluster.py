@@ -76,3 +76,12 @@ def test_an_error_in_one_rank_is_one_line_naming_rank_host_and_message(group):
     assert str(e.value) == f"rank 1 on host {group.hosts[1]} failed in fail_on: ValueError: bad shard on rank 1"
     assert "fail_on" in e.value.details and not e.value.died
     assert group.execute_all_same("fail_on", 5) == [5, 5], "the group is usable after a rank's error"
+
+
+def test_more_nodes_than_the_cluster_has_alive_are_refused(group):
+    from repro.preflight import InputError, alive_ray_nodes, check_nodes
+
+    assert alive_ray_nodes() == 1
+    check_nodes(1, None, alive_ray_nodes())
+    with pytest.raises(InputError, match="trainer.nnodes=2 but the Ray cluster at auto has 1 alive node"):
+        check_nodes(2, "auto", alive_ray_nodes())
