@@ -53,3 +53,19 @@ def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_p
     for a, b in zip(straight, resumed, strict=True):
         for key in DETERMINISTIC:
             assert a[key] == b[key], f"step {a['step']} {key}: uninterrupted {a[key]} vs resumed {b[key]}"
+
+
+@pytest.mark.slow  # one real PPO job: about 1-2 min on 2 loaded cores
+def test_actor_and_critic_keep_limits_both_hold_in_a_ppo_run(tmp_path):
+    out = tmp_path / "ppo"
+    _run("ppo_tiny", ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
+                      "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
+                      "critic.forward_micro_batch_size_per_gpu=16", "trainer.max_actor_ckpt_to_keep=1",
+                      "trainer.max_critic_ckpt_to_keep=2", f"trainer.output_dir={out}"], tmp_path)
+    ckpt = out / "checkpoints"
+    held = {p.name: sorted(c.name for c in p.iterdir() if c.is_dir()) for p in ckpt.iterdir() if p.is_dir()}
+    assert held == {"global_step_2": ["critic"], "global_step_3": ["actor", "critic"]}
+    assert json.loads((ckpt / "global_step_2" / MANIFEST).read_text())["pruned"] == ["actor"]
+    manifest = json.loads((ckpt / "global_step_3" / MANIFEST).read_text())
+    for part in ("actor", "critic"):  # both ranks' ZeRO-2 partitions of both roles are sealed
+        assert len([k for k in manifest["files"] if k.startswith(f"{part}/ds/") and "optim_states" in k]) == 2
