@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from repro.checkpoint_store import write_json_atomic
 from repro.workers import lora
 
 if TYPE_CHECKING:
@@ -102,15 +103,6 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def save(engine: RoleEngine, path: str, step: int, extra: dict, *, state: dict | None = None,
          digest_source: Any = None) -> str:
     """Save a checkpoint of ``engine`` into the folder ``path`` (every rank calls it); returns ``path``."""
@@ -131,7 +123,7 @@ def save(engine: RoleEngine, path: str, step: int, extra: dict, *, state: dict |
     if _rank() == 0:
         meta = {"step": step, "dp": _world(), "zero_stage": engine.ds.zero_stage,
                 "config_digest": config_digest(digest_source) if digest_source is not None else None}
-        _write_text_atomic(folder / META, json.dumps(meta, indent=1))
+        write_json_atomic(folder / META, meta)
     _barrier()
     return str(folder)
 

@@ -181,7 +181,7 @@ def test_pruning_keeps_the_new_save_even_when_an_older_timeline_has_higher_steps
     assert store.complete_steps() == [3]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(ops=st.lists(st.tuples(st.integers(1, 30), st.sampled_from(["save", "crash", "damage"])), min_size=1, max_size=12),
        keep_actor=st.integers(1, 4), keep_critic=st.integers(1, 4))
 def test_any_history_keeps_limits_and_resumes_the_last_intact_commit(tmp_path_factory, ops, keep_actor, keep_critic):
