@@ -15,13 +15,15 @@ workers)
   timeout 150 python3 -m repro.bench.workers --shape qwen3-0.6b --nproc 2 --cases zero3,zero3_noleaf \
     --runners bare,fsdp2 --steps 3 --warmup 1 --timeout 70 --workdir /tmp/wb --out "$OUT/workers_bare.tsv" \
     2>&1 | tee "$OUT/workers_bare.log"
-  cp /tmp/wb/*_r0.log "$OUT/" 2>/dev/null; true ;;
+  tar czf "$OUT/workers_logs.tgz" -C /tmp/wb --exclude='model_*' . ; true ;;
 six-case)
-  SEED=7777 STEPS=60 RUN_TAG=gpu_six_case OUTPUTS_ROOT=$OUT PYTHON=python3 timeout 560 \
-    bash scripts/bench/run_ds_zero_six_case_bench.sh -- -cn grpo_tiny trainer.test_freq=0 \
-    trainer.val_before_train=False trainer.save_freq=0 2>&1 | tee "$OUT/six_case.log" ;;
+  SEED=7777 STEPS=60 RUN_TAG=gpu_six_case OUTPUTS_ROOT=/tmp/o PYTHON=python3 timeout 540 \
+    bash scripts/bench/run_ds_zero_six_case_bench.sh -- -cn grpo_tiny trainer.device=cuda trainer.test_freq=0 \
+    trainer.val_before_train=False trainer.save_freq=0 2>&1 | tee "$OUT/six_case.log"
+  tar czf "$OUT/six_case.tgz" -C /tmp/o . ; cp /tmp/o/*/summary.tsv /tmp/o/*/curves.png "$OUT/" ;;
 crossover)
-  SEEDS="1 2" STEPS="${STEPS:-30}" RUN_TAG=gpu_crossover OUTPUTS_ROOT=$OUT PYTHON=python3 timeout 560 \
-    bash scripts/bench/run_ds_zero12_seed_gate_bench.sh -- -cn grpo_tiny trainer.test_freq=0 \
-    trainer.val_before_train=False trainer.save_freq=0 2>&1 | tee "$OUT/crossover.log" ;;
+  SEEDS="1 2" STEPS="${STEPS:-30}" RUN_TAG=gpu_crossover OUTPUTS_ROOT=/tmp/x PYTHON=python3 timeout 540 \
+    bash scripts/bench/run_ds_zero12_seed_gate_bench.sh -- -cn grpo_tiny trainer.device=cuda trainer.test_freq=0 \
+    trainer.val_before_train=False trainer.save_freq=0 2>&1 | tee "$OUT/crossover.log"
+  tar czf "$OUT/crossover.tgz" -C /tmp/x . ; cp /tmp/x/*/*.tsv /tmp/x/*/curves.png "$OUT/" ;;
 esac
