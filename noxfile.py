@@ -40,7 +40,7 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def distributed(session: nox.Session) -> None:
-    """Multi-rank tests: each test spawns its own gloo ranks; two tests run at a time."""
+    """Multi-rank tests on gloo, two at a time; worker tests share each xdist worker's warm rank pool."""
     session.run(*PYTEST, "tests/distributed", "-n", "2", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
 
 

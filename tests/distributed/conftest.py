@@ -14,11 +14,19 @@ from tests.rank_pool import RankPool
 _HERE = pathlib.Path(__file__).parent.resolve()
 
 
+# Modules whose tests take a minute or more each on 2 cores (real Ray jobs; dozens of 2-rank
+# property examples). They go first, so that pytest-xdist hands them out before the short tests
+# (longest first keeps both workers busy until the end).
+_LONG_MODULES = ("test_trainer.py", "test_batch_splits.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # This hook sees the whole session's items, not only this directory's.
     for item in items:
         if item.path.resolve().is_relative_to(_HERE):
             item.add_marker(pytest.mark.distributed)
+    # A stable sort: every xdist worker computes the same order, as xdist requires.
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.path.name in _LONG_MODULES))
 
 
 @pytest.fixture

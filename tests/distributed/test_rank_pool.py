@@ -124,3 +124,29 @@ def test_consecutive_tasks_share_no_engine_group_environment_or_dtype(rank_pool,
     for b, a in zip(before, after, strict=True):
         assert a == {"pid": b["pid"], "engine_alive": False, "same_store": False, "same_ds_backend": False,
                      "world_group_set": False, "knob": None, "dtype": "torch.float32"}
+
+
+def _zero3_worker(rank: int, world_size: int, model_dir: str) -> None:
+    from repro.workers.actor import ActorWorker
+    from tests.distributed.workers.helpers import ZERO3_PARTITION_ALL, make_cfg
+
+    ActorWorker(make_cfg(model_dir, world=world_size, stage=3), ds_overrides=ZERO3_PARTITION_ALL)
+
+
+def _zero3_counters(rank: int, world_size: int) -> dict:
+    from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
+    from deepspeed.runtime.zero.partition_parameters import Init
+
+    return {"param_id": Init.param_id, "module_count": DeepSpeedZeRoOffload._register_deepspeed_module.__defaults__[0]}
+
+
+def test_a_one_rank_zero3_task_leaves_no_counter_that_desynchronises_the_next(rank_pool, tmp_path):
+    # ZeRO-3 numbers parameters and modules with process-wide counters and checks that ranks agree;
+    # a 1-rank task runs on rank 0 alone, so a counter it advanced would differ between ranks.
+    from tests.distributed.workers.helpers import make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "model")
+    start = rank_pool.run(_zero3_counters, 2, tmp_path=tmp_path)
+    rank_pool.run(_zero3_worker, 1, tmp_path=tmp_path, timeout_s=90, args=(model_dir,))
+    assert rank_pool.run(_zero3_counters, 2, tmp_path=tmp_path) == start
+    rank_pool.run(_zero3_worker, 2, tmp_path=tmp_path, timeout_s=90, args=(model_dir,))

@@ -74,12 +74,12 @@ def _resumed(rank: int, world: int, model_dir: str, root: str, cases: list) -> l
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, multirank, tmp_path):
+def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     root = str(tmp_path / "ckpt")
     cases = STAGE_CASES[stage]
-    full = multirank(_uninterrupted, 2, timeout_s=120, args=(model_dir, root, cases))
-    resumed = multirank(_resumed, 2, timeout_s=120, args=(model_dir, root, cases))
+    full = pooled(_uninterrupted, 2, timeout_s=120, args=(model_dir, root, cases))
+    resumed = pooled(_resumed, 2, timeout_s=120, args=(model_dir, root, cases))
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     for i, (role, stage) in enumerate(cases):

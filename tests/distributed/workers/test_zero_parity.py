@@ -102,9 +102,9 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_actor_and_critic_updates_match_single_process_reference(stage, multirank, tmp_path):
+def test_actor_and_critic_updates_match_single_process_reference(stage, pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     cases = _cases(stage)
-    results = multirank(_train_cases, 2, timeout_s=120, args=(model_dir, cases))
+    results = pooled(_train_cases, 2, timeout_s=120, args=(model_dir, cases))
     torch.manual_seed(0)
     _check_against_reference(model_dir, cases, results, world=2)
