@@ -18,7 +18,7 @@ from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import CallRecord
 
 
-def _traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
+def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
     from repro.collectives.record import active
 
     if active() is not tracer:  # the trace ended before this wait
@@ -61,7 +61,7 @@ class TracedFuture:
         self._future, self._rec, self._tracer = future, rec, tracer
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return _traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._future, name)
@@ -74,7 +74,7 @@ class TracedWork:
         self._work, self._rec, self._tracer = work, rec, tracer
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return _traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs)
 
     def get_future(self) -> TracedFuture:
         return TracedFuture(self._work.get_future(), self._rec, self._tracer)
