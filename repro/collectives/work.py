@@ -37,7 +37,7 @@ def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwarg
             t=time.time(),
             t_end=None,
             of=rec.index,
-            detail=[],
+            detail=["for", rec.op, rec.group_seq],
         )
         event = wait.to_json()
         event["ev"] = "call"
