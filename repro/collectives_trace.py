@@ -27,6 +27,7 @@ import os
 import pathlib
 import runpy
 import sys
+import time
 from collections.abc import Iterator
 
 from repro.collectives import record
@@ -137,7 +138,21 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
     if found:
         return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
-    return traces, incomplete(traces)
+    below = _below_python(pathlib.Path(directory), traces)
+    return traces, below or incomplete(traces)
+
+
+def _below_python(directory: pathlib.Path, traces: dict[int, RankTrace]) -> Divergence | None:
+    """Flight Recorder dumps beside our records: a divergence in what ran below the Python API."""
+    if traces and next(iter(traces.values())).meta.get("format") == "flight_recorder":
+        return None  # the records are the dumps themselves
+    dumps = read_dump_dir(directory)
+    div = first_divergence(dumps) if len(dumps) >= 2 else None
+    if div is not None:
+        div.source = (
+            "Flight Recorder (collectives run below the Python API: DDP, FSDP2, ProcessGroup methods)"
+        )
+    return div
 
 
 def _summary(traces: dict[int, RankTrace]) -> str:
@@ -255,19 +270,24 @@ def _check_run(args: argparse.Namespace) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from repro.collectives import live_fr
     from repro.collectives.watch import register_stack_dump
 
     target = _run_target(args)
     register_stack_dump()
+    live_fr.start(os.environ[ENV_DIR])
     install_from_env()
     sys.argv = [target.name, *target.args]
     if target.module:
         # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
         runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-        return 0
-    # As plain python does: the script's folder first on sys.path, so modules beside it import.
-    sys.path[0] = os.path.dirname(os.path.abspath(target.name))
-    runpy.run_path(target.name, run_name="__main__")
+    else:
+        # As plain python does: the script's folder first on sys.path, so modules beside it import.
+        sys.path[0] = os.path.dirname(os.path.abspath(target.name))
+        runpy.run_path(target.name, run_name="__main__")
+    tracer = record.active()
+    if tracer is not None:
+        tracer.write_event({"ev": "end", "t": time.time()})  # the hang watch: this rank waits for no one
     return 0
 
 

@@ -89,7 +89,10 @@ class CallRecord:
 
     def short(self) -> str:
         """``all_reduce numel=1 float32`` plus root/redop when set."""
-        parts = [self.op, f"numel={self.numel}", self.dtype]
+        op = self.op
+        if op == "wait" and len(self.detail) == 3 and self.detail[0] == "for":
+            op = f"wait for {self.detail[1]}" + (f" #{self.detail[2]}" if self.detail[2] is not None else "")
+        parts = [op, f"numel={self.numel}", self.dtype]
         if self.redop:
             parts.append(f"op={self.redop}")
         if self.root is not None:

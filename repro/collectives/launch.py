@@ -25,6 +25,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from repro.collectives.live_fr import DEFAULT_ENTRIES, request_dumps
 from repro.collectives.watch import STACK_SIGNAL, ProgressWatch
 
 _STACK_DUMP_WAIT_S = 1.5
@@ -107,7 +108,7 @@ def prepare_out_dir(out_dir: pathlib.Path) -> None:
         probe.unlink()
     except OSError as exc:
         raise ValueError(f"--out {str(out_dir)!r} is not a writable directory: {exc.strerror}") from None
-    for stale in [*out_dir.glob("rank*.jsonl"), *out_dir.glob("rank*.log")]:
+    for stale in [*out_dir.glob("rank*.jsonl"), *out_dir.glob("rank*.log"), *out_dir.glob("fr_trace_rank_*")]:
         stale.unlink()
 
 
@@ -127,6 +128,8 @@ def _start_ranks(target: Target, nproc: int, out_dir: pathlib.Path, check: str, 
             REPRO_COLLECTIVES_CHECK=check,
             REPRO_COLLECTIVES_TIMEOUT_S=str(timeout_s),
         )
+        # Flight Recorder sees what runs below the Python API (see repro.collectives.live_fr).
+        env.setdefault("TORCH_FR_BUFFER_SIZE", DEFAULT_ENTRIES)
         with open(out_dir / f"rank{rank}.log", "w") as log:
             # Own session: a Ctrl-C in the terminal reaches the launcher only, which ends the
             # ranks itself after collecting their stacks.
@@ -144,6 +147,7 @@ def _start_ranks(target: Target, nproc: int, out_dir: pathlib.Path, check: str, 
 
 def _dump_stacks(procs: list, out_dir: pathlib.Path) -> dict[int, str]:
     """Ask every live rank for its Python stacks (faulthandler, into its log) and return them."""
+    request_dumps(out_dir)
     offsets = {}
     for rank, p in enumerate(procs):
         if p.poll() is None:
@@ -198,9 +202,10 @@ def launch(
             if first_failure is None and any(p.returncode not in (None, 0) for p in procs):
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                result.stacks = _dump_stacks(procs, out_dir)
                 break
             live = [r for r, p in enumerate(procs) if p.poll() is None]
-            if watch.stalled(live):
+            if watch.stalled(live, finished=len(live) < len(procs)):
                 result.stalled_s = watch.idle_s()
                 break
             time.sleep(0.05)

@@ -9,8 +9,10 @@ ends in these functions, so it is covered once, without double records. A call m
 another traced call is running on the same thread (the ``broadcast`` inside
 ``broadcast_object_list``) is not recorded again.
 
-Not covered: functional collectives (``torch.distributed._functional_collectives``, DTensor) and
-code that bound a function by ``from torch.distributed import all_reduce`` before install.
+Functional collectives and DTensor are traced by :mod:`repro.collectives.functional`, the waits
+of async calls by :mod:`repro.collectives.work`. Not covered here: what runs in C++ (DDP's
+reducer, ``ProcessGroup`` methods called directly) and code that bound a function by
+``from torch.distributed import all_reduce`` before install.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from repro.collectives import functional
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
 from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
@@ -339,6 +342,7 @@ def install(tracer: Tracer) -> None:
         for op in OP_SPECS:
             for owner in (c10d, dist):
                 _patch(owner, op, op, wrappers)
+        functional.install(_installed)
     patch_deepspeed_backend()
     _active = tracer
 
@@ -349,6 +353,7 @@ def uninstall() -> None:
     if _active is not None:
         _active.close()
     _active = None
+    functional.clear()
     while _installed:
         owner, attr, original = _installed.pop()
         if hasattr(getattr(owner, attr, None), "__repro_traced__"):

@@ -3,10 +3,12 @@
 Every traced call appends to its rank's record before it runs and again when it returns, so a
 record that stops growing means a rank that stopped issuing and finishing calls. The job is
 called hung when, for ``stall_s`` seconds, no live rank's record grew *and* some live rank has a
-traced call (or wait) that never returned: ranks that merely compute for a long time between
-collectives have nothing outstanding and are left alone.
+traced call (or wait) that never returned, or some rank has already exited (the live ones then
+wait for it, maybe in a collective run below the Python API): ranks that merely compute for a
+long time between collectives have nothing outstanding and are left alone.
 
-Ranks started by ``repro.collectives_trace run`` dump their Python stacks to stderr (their log)
+A rank whose script has returned writes an ``end`` event; it is not waiting for anyone, however
+long its interpreter takes to tear down. Ranks started by ``repro.collectives_trace run`` dump their Python stacks to stderr (their log)
 on :data:`STACK_SIGNAL`, through :func:`faulthandler.register`.
 """
 
@@ -59,11 +61,26 @@ class ProgressWatch:
                 return True
         return False
 
-    def stalled(self, live: list[int]) -> bool:
-        """Poll (at most every 0.5 s); True once the job counts as hung (never when ``stall_s`` is 0)."""
+    def stalled(self, live: list[int], finished: bool = False) -> bool:
+        """Poll (at most every 0.5 s); True once the job counts as hung (never when ``stall_s`` is 0).
+
+        ``finished``: some rank already exited. Live ranks that then make no progress wait for
+        it, even when what they wait in runs below the Python API (DDP's reducer, FSDP2).
+        """
         now = time.monotonic()
         if self.stall_s <= 0 or not live or now < self._next_poll:
             return False
         self._next_poll = now + _POLL_S
         self._poll(live)
-        return self.idle_s() >= self.stall_s and self.outstanding(live)
+        if self.idle_s() < self.stall_s:
+            return False
+        waiting = [r for r in live if not self._ended(r)]  # not those tearing down after the script
+        return bool(waiting) and (finished or self.outstanding(waiting))
+
+    def _ended(self, rank: int) -> bool:
+        path = self.out_dir / f"rank{rank}.jsonl"
+        if not path.exists():
+            return False
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 64))
+            return b'"ev":"end"' in f.read()

@@ -18,7 +18,7 @@ from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import CallRecord
 
 
-def _traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
+def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
     from repro.collectives.record import active
 
     if active() is not tracer:  # the trace ended before this wait
@@ -37,7 +37,7 @@ def _traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwar
             t=time.time(),
             t_end=None,
             of=rec.index,
-            detail=[],
+            detail=["for", rec.op, rec.group_seq],
         )
         event = wait.to_json()
         event["ev"] = "call"
@@ -61,7 +61,7 @@ class TracedFuture:
         self._future, self._rec, self._tracer = future, rec, tracer
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return _traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._future, name)
@@ -74,7 +74,7 @@ class TracedWork:
         self._work, self._rec, self._tracer = work, rec, tracer
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return _traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs)
 
     def get_future(self) -> TracedFuture:
         return TracedFuture(self._work.get_future(), self._rec, self._tracer)

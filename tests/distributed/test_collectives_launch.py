@@ -224,3 +224,35 @@ def test_a_rank_that_dies_before_its_first_collective_shows_its_own_traceback(tm
     assert "rank 1 failed (exit code 1)" in done.stdout
     assert "Traceback" in done.stdout and "RuntimeError: config missing on rank 1" in done.stdout
     assert "rank 0 (killed by SIGKILL, stopped by the launcher)" in done.stdout
+
+
+def test_a_ddp_rank_that_skips_a_backward_is_reported_from_the_flight_recorder(tmp_path):
+    # DDP's gradient all_reduce runs in C++ (the reducer): only the Flight Recorder sees it.
+    script = _write(
+        tmp_path,
+        "ddp_skip.py",
+        """
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(3):
+            loss = model(torch.ones(2, 4)).sum()
+            if not (rank == 1 and step == 1):
+                loss.backward()  # rank 1 skips this once
+            opt.step()
+            opt.zero_grad()
+        dist.barrier()
+        dist.destroy_process_group()
+    """,
+    )
+    out = tmp_path / "t"
+    done = _launch(
+        ["launch", "--nproc-per-node", "2", "--stall-s", "3", "--out", str(out), "--", str(script)], tmp_path
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "found by: Flight Recorder" in done.stdout
+    assert "Rank 1 never issued all_reduce" in done.stdout
+    assert "ddp_skip.py:10 <module>" in done.stdout and "_engine_run_backward" in done.stdout
+    assert (out / "fr_trace_rank_0").exists() and (out / "fr_trace_rank_1").exists()
