@@ -115,3 +115,27 @@ def test_stock_zero3_reduce_scatter_divides_the_gradient_by_sp(multirank, tmp_pa
     for res in stock[0]:
         ratio = res["grad_norm"] / (sum(want_norms) / 2)
         assert abs(ratio - 0.5) < 1e-4, ratio
+
+
+def _traced(rank: int, world: int, model_dir: str, out: str) -> int:
+    from repro.collectives_trace import trace_collectives
+
+    with trace_collectives(out, check="every", timeout_s=30):
+        _run(rank, world, model_dir, 3, "actor", None)
+    return rank
+
+
+def test_live_collective_check_runs_clean_on_an_sp_run(multirank, tmp_path):
+    """The live check (every call fingerprinted across the group) stays silent on an SP update
+    at ZeRO-3: the SP-group gathers of batches and per-token outputs and the gradient
+    reductions match on both ranks."""
+    from repro.collectives.events import read_trace_dir
+    from repro.collectives_trace import analyze
+
+    model_dir = make_model_dir(tmp_path / "model")
+    out = tmp_path / "trace"
+    multirank(_traced, 2, timeout_s=120, args=(model_dir, str(out)))
+    traces = read_trace_dir(out)
+    assert sorted(traces) == [0, 1] and not any(t.check_failures for t in traces.values())
+    assert "all_gather" in {c.op for c in traces[0].calls}
+    assert analyze(out)[1] is None
