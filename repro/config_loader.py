@@ -297,15 +297,14 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
     arr = cfg.actor_rollout_ref
     use_critic = critic_enabled(cfg)
 
-    roles = [("actor", arr.actor.ulysses_sequence_parallel_size)]
-    if use_critic:
-        roles.append(("critic", cfg.critic.ulysses_sequence_parallel_size))
-    for role, sp in roles:
-        if sp != 1:
-            raise ValueError(
-                f"{ROLE_PREFIXES[role]}.ulysses_sequence_parallel_size={sp}: Ulysses sequence "
-                "parallelism is not implemented for the DeepSpeed workers; set it to 1"
-            )
+    sps = {arr.actor.ulysses_sequence_parallel_size, cfg.critic.ulysses_sequence_parallel_size if use_critic else 1}
+    if len(sps - {1}) > 1:
+        # DeepSpeed's SP groups (parallel_state_sp) are process-wide: one SP size per process.
+        raise ValueError(
+            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={arr.actor.ulysses_sequence_parallel_size} and "
+            f"critic.ulysses_sequence_parallel_size={cfg.critic.ulysses_sequence_parallel_size}: roles that use "
+            "sequence parallelism must use the same size (or 1)"
+        )
 
     if use_critic and cfg.critic.model.lora_rank:
         raise ValueError(f"critic.model.lora_rank={cfg.critic.model.lora_rank}: LoRA is implemented for the "

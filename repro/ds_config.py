@@ -185,6 +185,15 @@ def build_ds_config(
         "steps_per_print": _STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
     }
+    if plan.sp > 1:
+        # Ulysses SP: given the SP mpu (repro.workers.ulysses), DeepSpeed's batch check counts
+        # data-parallel ranks only (world / sp), so its train_batch_size leaves sp out.
+        config["train_batch_size"] = int(plan.micro * plan.gas * plan.dp)
+        if ds.zero_stage == 3:
+            # ZeRO-3's default reduce-scatter path (stage3 __avg_scatter_grads) averages over the
+            # whole world without the SP correction that ZeRO-1/2 and this path apply: the update
+            # is 1/sp of the true one (pinned by test_stock_zero3_reduce_scatter_divides_the_update_by_sp).
+            zero["reduce_scatter"] = False
     if dtype == "bfloat16" and ds.fp32_grad_accum:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if not trainable:

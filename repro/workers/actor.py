@@ -23,7 +23,7 @@ from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config_loader import check_inactive_skip
 from repro.distributed import init_distributed
-from repro.workers import checkpoint, lora
+from repro.workers import checkpoint, lora, ulysses
 from repro.workers.batches import (
     Batch,
     batch_size,
@@ -73,13 +73,15 @@ class ActorWorker:
         self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank
         module = load_hf_model(arr.model, torch_dtype(self.ds))
+        self.sp = arr.actor.ulysses_sequence_parallel_size
+        mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
         if role == "actor" and lora.enabled(arr.model):
             module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(
             module, self.ds, self.plan,
             optim=arr.actor.optim if role == "actor" else None,
             grad_clip=arr.actor.grad_clip,
-            ds_overrides=ds_overrides,
+            ds_overrides=ds_overrides, mpu=mpu,
         )
         self.updates = 0
         """Update calls so far (seeds the between-epoch shuffle; saved in checkpoints)."""
@@ -90,26 +92,30 @@ class ActorWorker:
         """Log-probs (and entropies) of the response tokens under ``softmax(logits / T)``, ``[b, R]``.
 
         Computed in chunks (:mod:`repro.workers.logprob`); with ``use_remove_padding`` the forward
-        runs on the micro-batch's real tokens packed into rows of ``capacity`` tokens.
+        runs on the micro-batch's real tokens packed into rows of ``capacity`` tokens, with
+        sequence parallelism on this rank's slice of the sequence (:mod:`repro.workers.ulysses`).
         """
         resp_len = mb["responses"].shape[1]
-        if not self.remove_padding:
+        if not self.remove_padding and self.sp == 1:
             logits = self.engine.forward(
                 input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
                 use_cache=False, logits_to_keep=resp_len + 1,
             ).logits[:, :-1]
             return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
-        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity)
-        logits = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                     use_cache=False).logits
-        log_prob, entropy = token_log_probs(logits, packed.next_token, temperature=self.temperature,
-                                            with_entropy=with_entropy)
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
+            if self.remove_padding else None
+        ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])
+        log_prob, entropy = ulysses.token_forward(
+            self.engine.forward, ids, pos, self.sp,
+            lambda out, labels: token_log_probs(out.logits, labels, temperature=self.temperature,
+                                                with_entropy=with_entropy))
         # Padded position j predicts token j + 1: response token t is predicted at P + t - 1.
-        # Positions off the response mask may hold the next packed sample's token: zero them.
+        # Positions off the response mask may hold another sample's token: zero them.
         mask = mb["response_mask"].to(log_prob.dtype)
-        log_prob = packed.unpack(log_prob)[:, -resp_len - 1:-1] * mask
+        padded = packed.unpack if packed else (lambda t: t)
+        log_prob = padded(log_prob)[:, -resp_len - 1:-1] * mask
         if entropy is not None:
-            entropy = packed.unpack(entropy)[:, -resp_len - 1:-1] * mask
+            entropy = padded(entropy)[:, -resp_len - 1:-1] * mask
         return log_prob, entropy
 
     def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False, *,
@@ -127,6 +133,9 @@ class ActorWorker:
             micro, dynamic, budget = (rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                                       rollout.log_prob_max_token_len_per_gpu)
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
+            budget *= self.sp  # an SP group forwards its ranks' samples together (verl's scaling)
         splits = forward_micro_batches(batch, micro or (None if dynamic else self.plan.micro),
                                        budget if dynamic else None)
         total = batch_size(batch)
@@ -142,10 +151,8 @@ class ActorWorker:
                 if entropy is not None:
                     entropy[rows] = ent.float()
         assert sum(len(i) for i in splits) == total
-        out = {"log_probs": log_probs.cpu()}
-        if entropy is not None:
-            out["entropy"] = entropy.cpu()
-        return out
+        out = {"log_probs": log_probs, **({"entropy": entropy} if entropy is not None else {})}
+        return {k: (ulysses.own_rows(v, self.sp) if self.sp > 1 else v).cpu() for k, v in out.items()}
 
     def _to_device(self, batch: Batch) -> Batch:
         dev = self.engine.device
@@ -158,17 +165,19 @@ class ActorWorker:
             raise ValueError("update_policy called on the frozen reference policy (role='ref')")
         a = self.acfg
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
         if a.use_kl_loss and "ref_log_prob" not in batch:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=True needs 'ref_log_prob' in the batch")
         seed = (a.data_loader_seed if a.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
         minis = plan_mini_batches(
             batch, self.plan.per_rank_mini, a.ppo_epochs, shuffle=a.shuffle, seed=seed,
             micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None,
+            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
         )
         low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
         high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
-        dp = float(self.world_size)
+        dp = float(self.world_size // self.sp)
         capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, token_weights = [], []
         for mini in minis:
@@ -197,8 +206,8 @@ class ActorWorker:
                     kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **denoms)
                     loss = loss + a.kl_loss_coef * kl_loss
                     stats["actor/kl_loss"] = kl_loss.detach() * dp
-                # DeepSpeed averages gradients over the dp ranks; the loss already divides by the
-                # global count, so undo the average.
+                # DeepSpeed averages gradients over the dp ranks (and sums the SP ranks' parts); the
+                # loss already divides by the global count, so undo the average.
                 return loss * dp, stats
 
             inactive = [float(mb["response_mask"].sum()) == 0 for mb in mini.micro_batches] if self.skip_inactive else None

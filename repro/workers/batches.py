@@ -58,11 +58,13 @@ def plan_mini_batches(
     seed: int,
     micro: int | None,
     max_token_len: int | None,
+    sp: int = 1,
 ) -> list[MiniBatch]:
     """All mini-batches of an update call (every epoch), with globally agreed counts.
 
     ``micro`` set: fixed micro-batches of that many samples. ``max_token_len`` set: token-budget
-    micro-batches, as many on every rank as the rank that needs the most.
+    micro-batches, as many on every rank as the rank that needs the most. ``sp``: the ranks of an
+    SP group hold the same samples, so the world's sums count each sample sp times.
     """
     total = batch_size(batch)
     if total % per_rank_mini:
@@ -83,7 +85,8 @@ def plan_mini_batches(
     local = [float(m[mask_key].sum()) for m in minis]
     # An empty (aborted) response counts for no sequence, as in repro.algorithms.agg_loss and verl.
     nonempty = [float((m[mask_key].sum(dim=-1) > 0).sum()) for m in minis]
-    counts = all_reduce_counts(local + nonempty)
+    # The ranks of one sequence-parallel group hold the same samples: count each group once.
+    counts = [c / sp for c in all_reduce_counts(local + nonempty)]
     tokens, seqs = counts[: len(minis)], counts[len(minis):]
     if max_token_len is not None:
         need = [float(min_micro_batches(seq_lens(m), max_token_len)) for m in minis]

@@ -161,6 +161,7 @@ class RoleEngine:
         optim: OptimConfig | None,
         grad_clip: float,
         ds_overrides: dict[str, Any] | None = None,
+        mpu: Any = None,
     ) -> None:
         import deepspeed
 
@@ -188,11 +189,12 @@ class RoleEngine:
             self.zero3_leaves = mark_zero3_leaves(module)
         if self.trainable:
             params = [p for p in module.parameters() if p.requires_grad]
-            self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config)
+            self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config,
+                                                        mpu=mpu)
             self.module = self.engine.module
         elif ds.zero_stage == 3:
             module.requires_grad_(False)
-            self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config)
+            self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config, mpu=mpu)
             self.module = self.engine.module
         else:
             # A frozen role below ZeRO-3 gains nothing from an engine: a plain module in eval mode.

@@ -259,15 +259,12 @@ def test_deprecated_global_micro_batch_replaces_the_per_gpu_default():
     assert any("ppo_micro_batch_size is deprecated" in n for n in notes)
 
 
-def test_sequence_parallel_is_refused_for_deepspeed_workers():
-    with pytest.raises(
-        ValueError, match=r"critic\.ulysses_sequence_parallel_size=2: Ulysses.*not implemented"
-    ):
-        validate_run_config(run_config(critic__ulysses_sequence_parallel_size=2))
-    with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=2"):
-        validate_run_config(
-            run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, trainer__dry_run=True)
-        )
+def test_sequence_parallel_is_accepted_with_one_size_per_process():
+    validate_run_config(run_config(critic__ulysses_sequence_parallel_size=2, critic__enable=True))
+    validate_run_config(run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, trainer__dry_run=True))
+    with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=2 and critic\.ulysses_sequence_parallel_size=4"):
+        validate_run_config(run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, critic__enable=True,
+                                       critic__ulysses_sequence_parallel_size=4, trainer__n_gpus_per_node=4))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")

@@ -170,3 +170,17 @@ def test_deepspeed_accepts_the_built_schedules():
         assert 0.9e-2 <= max(lrs) <= 1e-2 + 1e-12
         if style != "constant":
             assert lrs[-1] < 1e-2
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_sequence_parallel_counts_dp_ranks_and_turns_off_zero3_reduce_scatter(stage):
+    from dataclasses import replace
+
+    plan = replace(BENCH_PLAN, world=4, dp=2, sp=2, train_batch_size=2 * 4 * 2 * 2)  # micro 2, GAS 4, dp 2, sp 2
+    conf = build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), plan, grad_clip=1.0, on_cuda=True)
+    # given the SP mpu, DeepSpeed checks train_batch_size against micro * GAS * (world / sp)
+    assert conf["train_batch_size"] == 2 * 4 * 2
+    # the stock ZeRO-3 reduce-scatter path halves the SP gradient (test_ulysses pins it)
+    assert conf["zero_optimization"].get("reduce_scatter", True) is (stage != 3)
+    assert build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), BENCH_PLAN, grad_clip=1.0,
+                           on_cuda=True)["zero_optimization"].get("reduce_scatter", True) is True
