@@ -19,8 +19,9 @@ MODEL_DTYPES = ("auto", "bfloat16", "float32")
 # Mirrors repro.advantages.ADV_ESTIMATORS (config sits below it in the import order).
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
                   "grpo_passk")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") + tuple(
+    k + "+" for k in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
 WARMUP_STYLES = ("constant", "cosine", "linear")
 ROLLOUT_NAMES = ("hf", "vllm")
 REWARD_KWARGS = ("method", "format_score", "score")
