@@ -175,6 +175,32 @@ class ModelConfig:
     """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
 
 
+# Mirrors repro.policy_losses.POLICY_LOSS_MODES (config sits below it in the import order).
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """vanilla (PPO clip + dual clip), gspo, gpg, cispo, geo_mean, clip_cov or kl_cov (verl's names)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of tokens whose gradient is dropped."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower covariance bound of the candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper covariance bound of the candidates."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of tokens that get the |log-ratio| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: weight of that penalty."""
+
+    def __post_init__(self) -> None:
+        _choice(self, "loss_mode", POLICY_LOSS_MODES)
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                _fail(self, name, "must be in (0, 1]")
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "deepspeed"
@@ -221,6 +247,7 @@ class ActorConfig:
     """Skip backward for micro-batches with no response tokens; allowed only at world size 1."""
     unsafe_allow_skip_in_data_parallel: bool = False
     """Allow the skip above in multi-rank data parallel (reproduces the historical ZeRO-2 hang)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
