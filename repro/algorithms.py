@@ -14,8 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
+_BASE_KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# "<kind>+": the value of <kind>, the gradient of k2 (straight-through; verl's unbiased KL gradient).
+KL_KINDS = _BASE_KL_KINDS + tuple(k + "+" for k in _BASE_KL_KINDS)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -66,6 +68,9 @@ def agg_loss(
     - ``token-mean``: sum over all unmasked tokens / number of those tokens.
     - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
     - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
+    - ``token-sum``: sum over all unmasked tokens (no denominator).
+    - ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` over the padded response width
+      (Dr. GRPO's constant normaliser; verl's default ``loss_scale_factor``).
 
     The seq-mean modes count only sequences with at least one unmasked token (verl: an empty,
     aborted response does not dilute the mean). An all-masked batch gives 0 where verl's local
@@ -77,6 +82,10 @@ def agg_loss(
     if loss_agg_mode == "token-mean":
         denom = loss_mask.sum().clamp(min=1) if token_denominator is None else token_denominator
         return masked_sum(loss_mat, loss_mask) / denom
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return agg_loss(loss_mat, loss_mask, "seq-mean-token-sum", seq_denominator=seq_denominator) / loss_mask.shape[-1]
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
         seq_losses = masked_sum(loss_mat, loss_mask, dim=-1)
         if loss_agg_mode == "seq-mean-token-mean":
@@ -236,7 +245,15 @@ def compute_value_loss(
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate between the policy and the reference (Schulman's k1/k2/k3)."""
+    """Per-token KL estimate between the policy and the reference (Schulman's k1/k2/k3).
+
+    A ``+`` suffix keeps the estimate's value but takes k2's gradient (straight-through): k1 and
+    k3 estimate the KL without bias, but their gradients do not estimate its gradient; k2's does.
+    """
+    if kind.endswith("+") and kind in KL_KINDS:
+        value = kl_penalty(logprob, ref_logprob, kind[:-1])
+        k2 = 0.5 * (logprob - ref_logprob).square()
+        return k2 - k2.detach() + value.detach()
     diff = logprob - ref_logprob
     if kind in ("kl", "k1"):
         return diff

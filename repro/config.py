@@ -19,8 +19,9 @@ MODEL_DTYPES = ("auto", "bfloat16", "float32")
 # Mirrors repro.advantages.ADV_ESTIMATORS (config sits below it in the import order).
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
                   "grpo_passk")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") + tuple(
+    k + "+" for k in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
 WARMUP_STYLES = ("constant", "cosine", "linear")
 ROLLOUT_NAMES = ("hf", "vllm")
 REWARD_KWARGS = ("method", "format_score", "score")
@@ -207,6 +208,32 @@ class ModelConfig:
             _fail(self, "lora_alpha", "must be > 0")
 
 
+# Mirrors repro.policy_losses.POLICY_LOSS_MODES (config sits below it in the import order).
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """vanilla (PPO clip + dual clip), gspo, gpg, cispo, geo_mean, clip_cov or kl_cov (verl's names)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of tokens whose gradient is dropped."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower covariance bound of the candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper covariance bound of the candidates."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of tokens that get the |log-ratio| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: weight of that penalty."""
+
+    def __post_init__(self) -> None:
+        _choice(self, "loss_mode", POLICY_LOSS_MODES)
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                _fail(self, name, "must be in (0, 1]")
+
+
 @dataclass
 class ActorConfig:
     strategy: str = "deepspeed"
@@ -253,6 +280,7 @@ class ActorConfig:
     """Skip backward for micro-batches with no response tokens; allowed only at world size 1."""
     unsafe_allow_skip_in_data_parallel: bool = False
     """Allow the skip above in multi-rank data parallel (reproduces the historical ZeRO-2 hang)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -148,3 +148,22 @@ def batch_metrics(batch: Mapping[str, torch.Tensor], scores: torch.Tensor, use_c
     out.update(masked_stats("prompt_length", prompt_len))
     out["prompt_length/clip_ratio"] = (prompt_len == attention.shape[-1] - width).float().mean().item()
     return out
+
+
+# Sections timed per token as verl does: generation per response token, the rest per token overall.
+_PER_TOKEN_SECTIONS = ("gen", "ref", "values", "adv", "update_critic", "update_actor")
+
+
+def timing_per_token_ms(batch: Mapping[str, torch.Tensor], timings: Mapping[str, float]) -> dict[str, float]:
+    """verl's ``timing_per_token_ms/<section>`` from ``timing_s/<section>`` (0 where no token)."""
+    width = batch["responses"].shape[-1]
+    attention = batch["attention_mask"]
+    response_tokens = float(attention[:, -width:].sum())
+    all_tokens = float(attention[:, :-width].sum()) + response_tokens
+    out: dict[str, float] = {}
+    for name in _PER_TOKEN_SECTIONS:
+        seconds = timings.get(f"timing_s/{name}")
+        if seconds is not None:
+            tokens = response_tokens if name == "gen" else all_tokens
+            out[f"timing_per_token_ms/{name}"] = seconds * 1000 / tokens if tokens > 0 else 0.0
+    return out

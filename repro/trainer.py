@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from repro import algorithms
@@ -51,6 +52,7 @@ from repro.rl_batch import (
     score_responses,
     split_batch,
     split_list,
+    timing_per_token_ms,
     token_level_scores,
 )
 from repro.run_lock import acquire
@@ -182,6 +184,8 @@ class PPOTrainer:
                 self._weights_stale = True
         row.update(batch_metrics(batch, scores, self.use_critic))
         row.update(timings)
+        row.update(timing_per_token_ms(batch, timings))
+        row["perf/cpu_memory_used_gb"] = psutil.virtual_memory().used / 2**30
         tokens = int(batch["attention_mask"].sum().item())
         row["perf/total_num_tokens"] = tokens
         row["perf/time_per_step"] = timings["timing_s/step"]

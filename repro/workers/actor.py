@@ -18,11 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import agg_loss, compute_policy_loss, kl_penalty
+from repro.algorithms import agg_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config_loader import check_inactive_skip
 from repro.distributed import init_distributed
+from repro.policy_losses import compute_policy_loss_by_mode
 from repro.workers import checkpoint, lora, ulysses
 from repro.workers.batches import (
     Batch,
@@ -186,8 +187,10 @@ class ActorWorker:
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
                 mask = mb["response_mask"].to(torch.float32)
                 log_prob, entropy = self._log_probs(mb, with_entropy=a.entropy_coeff != 0, capacity=capacity)
-                pg = compute_policy_loss(mb["old_log_probs"].float(), log_prob, mb["advantages"].float(), mask,
-                                         low, high, a.clip_ratio_c, a.loss_agg_mode, **denoms)
+                pg = compute_policy_loss_by_mode(a.policy_loss.loss_mode, mb["old_log_probs"].float(), log_prob,
+                                                 mb["advantages"].float(), mask, low=low, high=high,
+                                                 clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
+                                                 params=a.policy_loss, **denoms)
                 loss = pg.loss
                 # Statistics stay tensors (no device sync per micro-batch); read once per update.
                 tokens = mask.sum()

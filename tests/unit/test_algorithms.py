@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.algorithms import (
+    LOSS_AGG_MODES,
     agg_loss,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -48,7 +49,7 @@ def test_masked_whiten_gives_zero_mean_unit_variance():
 @given(
     lengths=st.lists(st.integers(0, 6), min_size=1, max_size=8),
     cuts=st.lists(st.integers(1, 7), min_size=0, max_size=4),
-    mode=st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"]),
+    mode=st.sampled_from(list(LOSS_AGG_MODES)),
     seed=st.integers(0, 1000),
 )
 def test_micro_batch_losses_with_global_denominators_sum_to_the_full_loss(lengths, cuts, mode, seed):
@@ -71,6 +72,8 @@ def test_agg_loss_modes_on_a_hand_example():
     assert agg_loss(loss_mat, mask, "token-mean").item() == pytest.approx(2.0)
     assert agg_loss(loss_mat, mask, "seq-mean-token-sum").item() == pytest.approx(3.0)
     assert agg_loss(loss_mat, mask, "seq-mean-token-mean").item() == pytest.approx(2.0)
+    assert agg_loss(loss_mat, mask, "token-sum").item() == pytest.approx(6.0)
+    assert agg_loss(loss_mat, mask, "seq-mean-token-sum-norm").item() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="loss_agg_mode"):
         agg_loss(loss_mat, mask, "sum")
 

@@ -69,7 +69,7 @@ def zeroed_padding(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def leaks_into_verl(values: torch.Tensor, mask: torch.Tensor, mode: str) -> bool:
     """Whether verl 0.9.1's ``agg_loss`` lets the non-finite padding of ``values`` through: its
     seq-mean modes take ``sum(loss * mask)`` per row (``nan * 0`` is NaN) and drop only all-masked
-    rows; token-mean selects with ``torch.where``."""
-    if mode == "token-mean":
+    rows; token-mean and token-sum select with ``torch.where``."""
+    if mode in ("token-mean", "token-sum"):
         return False
     return bool((~torch.isfinite(values) & (mask.sum(-1, keepdim=True) > 0)).any())

@@ -53,3 +53,20 @@ def test_data_metrics_equal_verls_key_for_key(rollout, use_critic):
     assert not missing, f"verl reports metrics repro does not: {missing}"
     for key, value in theirs.items():
         close(ours[key], value)
+
+
+@given(rollout=rollouts(), seconds=st.lists(st.floats(0.0, 10.0), min_size=6, max_size=6), drop=st.integers(0, 5))
+def test_timing_per_token_equals_verls(rollout, seconds, drop):
+    from verl.trainer.ppo.metric_utils import compute_timing_metrics
+
+    from repro.rl_batch import timing_per_token_ms
+
+    batch, _ = rollout
+    names = ["gen", "ref", "values", "adv", "update_critic", "update_actor"]
+    raw = {name: s for i, (name, s) in enumerate(zip(names, seconds, strict=True)) if i != drop}
+    ours = timing_per_token_ms(batch, {f"timing_s/{k}": v for k, v in raw.items()})
+    theirs = {k: v for k, v in compute_timing_metrics(DataProto.from_dict(batch), raw).items()
+              if k.startswith("timing_per_token_ms/")}
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        close(ours[key], value)
