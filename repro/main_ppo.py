@@ -94,8 +94,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+    from repro.placement import PlacementError
 
-    out_dir = trainer.run(cfg)
+    try:
+        out_dir = trainer.run(cfg)
+    except PlacementError as e:  # the cluster cannot hold the run as configured: a config error
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(f"output: {out_dir}")
     return 0
 

@@ -253,7 +253,8 @@ class PPOTrainer:
         cfg, t, run_dir = self.cfg, self.cfg.trainer, self.paths.run_dir
         started = time.time()
         metrics = MetricsLog(run_dir / "metrics.tsv")
-        self.group = WorkerGroup(cfg, HybridWorker, cfg)
+        ckpt_key = "trainer.default_local_dir" if t.default_local_dir else "trainer.output_dir (its checkpoints/)"
+        self.group = WorkerGroup(cfg, HybridWorker, cfg, shared_dirs=[(ckpt_key, self.paths.ckpt_dir)])
         start = 0
         if self.paths.resumed_from is not None:
             start = self.load(self.paths.resumed_from)
