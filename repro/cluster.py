@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,8 @@ log = logging.getLogger("repro.trainer")
 # Environment the ranks need even on a remote cluster (a local one inherits the driver's).
 _PASS_PREFIXES = ("REPRO_", "VERL_", "NCCL_", "TORCH_", "NVSHMEM_", "DS_", "HF_", "TRANSFORMERS_", "CUDA_LAUNCH")
 _PLACEMENT_TIMEOUT_S = 120.0
+# How long a failed call waits for the GCS to mark a silent node dead (its health checks take ~15 s).
+_NODE_DEATH_WAIT_S = 60.0
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -160,6 +163,14 @@ class WorkerGroup:
         log.info("worker group: %d rank(s) on %d node(s) %s, %s, master %s:%d", self.world, self.nnodes,
                  [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
 
+    def _some_rank_unreachable(self) -> bool:
+        for actor in self.actors:
+            try:
+                ray.get(actor.node_id.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
+
     def _check_nodes_and_storage(self, shared_dirs: Sequence[tuple[str, Path]]) -> None:
         """Ranks sit on distinct nodes as asked, and every node sees ``shared_dirs`` as one folder."""
         self.node_ids: list[str] = ray.get([a.node_id.remote() for a in self.actors])
@@ -215,12 +226,30 @@ class WorkerGroup:
                 raise ValueError(f"execute_all({method!r}): argument {i} has {len(arg)} shards for {self.world} ranks")
         refs = [a.call.remote(method, *(arg[r] for arg in per_rank_args), **same_kwargs)
                 for r, a in enumerate(self.actors)]
-        return ray.get(refs)
+        return self._get(refs, method)
 
     def execute_all_same(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every rank."""
         arg_refs = [ray.put(a) for a in args]
-        return ray.get([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors])
+        return self._get([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors], method)
+
+    def _get(self, refs: list[Any], method: str) -> list[Any]:
+        """``ray.get``; a rank lost with its node becomes one ``NodeLostError`` line naming the node."""
+        try:
+            return ray.get(refs)
+        except ray.exceptions.RayError:
+            # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
+            if not self._some_rank_unreachable():
+                raise
+            deadline = time.monotonic() + _NODE_DEATH_WAIT_S
+            while True:
+                nodes = [placement.NodeInfo.from_ray(n) for n in ray.nodes()]
+                msg = placement.lost_ranks_message(method, self.node_ids, nodes)
+                if msg:
+                    raise placement.NodeLostError(msg) from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def _remove_pgs(self) -> None:
         for pg in self._pgs:

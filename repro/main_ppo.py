@@ -94,13 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
-    from repro.placement import PlacementError
+    from repro.placement import NodeLostError, PlacementError
 
     try:
         out_dir = trainer.run(cfg)
     except PlacementError as e:  # the cluster cannot hold the run as configured: a config error
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except NodeLostError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(f"output: {out_dir}")
     return 0
 

@@ -103,3 +103,18 @@ def check_spread(node_ids: Sequence[str], nnodes: int, per_node: int) -> None:
     firsts = [g[0] for g in groups]
     if any(len(set(g)) != 1 for g in groups) or len(set(firsts)) != nnodes:
         raise RuntimeError(f"ranks were not placed on {nnodes} distinct nodes of {per_node}: {list(node_ids)}")
+
+
+class NodeLostError(RuntimeError):
+    """A node holding ranks died during a call; the run cannot go on without it (resume it later)."""
+
+
+def lost_ranks_message(method: str, node_ids: Sequence[str], nodes: Sequence[NodeInfo]) -> str | None:
+    """One line naming the ranks whose node ``ray.nodes()`` reports dead (None when all are alive)."""
+    dead = {n.node_id: n for n in nodes if not n.alive}
+    lost = [(rank, dead[nid]) for rank, nid in enumerate(node_ids) if nid in dead]
+    if not lost:
+        return None
+    who = ", ".join(f"rank {rank} on node {n.node_id[:12]} ({n.ip})" for rank, n in lost)
+    return (f"lost {who} during {method}: the node died; bring a node back (or add one) and run the same "
+            "command again to resume from the last checkpoint")

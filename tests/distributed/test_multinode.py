@@ -9,14 +9,19 @@ other ``ray.init()`` on the machine joins this cluster by accident.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 from repro.config import RunConfig
+from repro.metrics import MetricsLog
+from tests.distributed.test_trainer import DETERMINISTIC, ROOT, SMALL, _env, _wait_for_checkpoint
 
 
 class NodeProbe:
@@ -155,3 +160,63 @@ def test_checkpoint_folder_on_one_nodes_local_disk_is_refused(tmp_path, monkeypa
         local.wait(timeout=60)
         head.shutdown()
 
+
+
+def _grpo(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, "trainer.total_training_steps=4",
+            "trainer.save_freq=2", "trainer.test_freq=-1", f"trainer.output_dir={out}", *extra]
+
+
+@pytest.mark.slow  # three GRPO jobs (two at once) and a refused one: about 2-3 min on 2 busy cores
+def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path):
+    one_node, two_nodes = tmp_path / "one_node", tmp_path / "two_nodes"
+    on_cluster = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.ray_address={cluster.address}"]
+    popen = {"cwd": ROOT, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+             "start_new_session": True}
+    # The single-node reference (its own local Ray instance) runs alongside the 2-node run.
+    reference = subprocess.Popen(_grpo(one_node, "trainer.n_gpus_per_node=2"), env=_env(tmp_path / "ref"), **popen)
+    victim = subprocess.Popen(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), **popen)
+    try:
+        _wait_for_checkpoint(victim, two_nodes / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 300)
+        lost = cluster.worker.node_id
+        cluster.remove_node(cluster.worker, allow_graceful=False)  # its raylet and its rank die
+        victim_out, _ = victim.communicate(timeout=180)
+    finally:
+        if victim.poll() is None:
+            os.killpg(victim.pid, signal.SIGKILL)
+        ref_out, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, ref_out[-6000:]
+    print("lost node:", lost, "| driver's last lines:", victim_out.strip().splitlines()[-3:])
+    assert victim.returncode == 1, victim_out[-6000:]
+    assert victim_out.strip().splitlines()[-1].startswith("error: lost rank ")
+    assert f"on node {lost[:12]} " in victim_out.strip().splitlines()[-1]
+
+    # Resuming while the node is gone is refused before any rank starts, naming the lost node.
+    refused = subprocess.run(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), cwd=ROOT, capture_output=True,
+                             text=True, timeout=180)
+    print("resume refused:", refused.stderr.strip().splitlines()[-1])
+    assert refused.returncode == 2, refused.stderr[-4000:]
+    assert refused.stderr.strip().splitlines()[-1].startswith(
+        "error: trainer.nnodes=2 x trainer.n_gpus_per_node=1 needs 2 such nodes but 1 of the Ray cluster at ")
+    assert f"lost (dead): {lost[:12]}" in refused.stderr
+
+    # A replacement node joins; the run resumes from its step-2 checkpoint on two nodes again.
+    cluster.worker = cluster.add_node(num_cpus=1)
+    resumed = subprocess.run(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    log = (two_nodes / "train.log").read_text()
+    assert "resumed from" in log
+    # The ranks' own node ids, as each rank reported them (logged by the driver at every start).
+    placed = [re.findall(r"'([0-9a-f]{12})'", line) for line in log.splitlines() if "worker group:" in line]
+    print("ranks' nodes per start:", placed)
+    alive = [n.node_id[:12] for n in cluster.list_all_nodes()]
+    assert len(placed) == 2 and len(set(placed[0])) == 2 and lost[:12] in placed[0]
+    assert sorted(placed[1]) == sorted(alive) and lost[:12] not in placed[1]
+
+    a, b = MetricsLog(one_node / "metrics.tsv").rows, MetricsLog(two_nodes / "metrics.tsv").rows
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
+        for key in DETERMINISTIC:
+            assert ra[key] == rb[key], f"step {ra['step']} {key}: one node {ra[key]} vs two nodes {rb[key]}"
+    print("metrics equal bitwise over steps 1-4:", {k: [r[k] for r in b] for k in ("critic/score/mean", "actor/pg_loss")})

@@ -76,3 +76,14 @@ def test_spread_check_rejects_shared_or_split_nodes():
         check_spread(["a", "b", "b", "b"], 2, 2)
     with pytest.raises(RuntimeError):
         check_spread(["a", "a", "a", "a"], 2, 2)
+
+
+def test_lost_ranks_are_named_with_their_node_only_when_a_node_is_dead():
+    from repro.placement import lost_ranks_message
+
+    nodes = [_node(1, cpu=8), _node(2, cpu=8, alive=False)]
+    ids = [nodes[0].node_id, nodes[1].node_id, nodes[1].node_id]
+    assert lost_ranks_message("update_actor", ids[:1], nodes) is None
+    msg = lost_ranks_message("update_actor", ids, nodes)
+    assert msg.startswith(f"lost rank 1 on node {nodes[1].node_id[:12]} (10.0.0.2), rank 2 on node ")
+    assert "during update_actor: the node died" in msg and "run the same command again to resume" in msg
