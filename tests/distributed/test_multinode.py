@@ -44,22 +44,24 @@ class NodeProbe:
         return float(t.item())
 
 
-@pytest.fixture
-def cluster(monkeypatch):
+@pytest.fixture(scope="module")
+def cluster():
+    """Head + worker node, one CPU each; shared by the module's tests (the last one replaces the worker)."""
     import ray
     from ray.cluster_utils import Cluster
 
-    monkeypatch.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    c.worker = c.add_node(num_cpus=1)
-    c.wait_for_nodes()
-    try:
-        yield c
-    finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        c.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
+        mp.delenv("RAY_ADDRESS", raising=False)
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+        c.worker = c.add_node(num_cpus=1)
+        c.wait_for_nodes()
+        try:
+            yield c
+        finally:
+            if ray.is_initialized():
+                ray.shutdown()
+            c.shutdown()
 
 
 def _cfg(address: str, nnodes: int = 2) -> RunConfig:
@@ -104,6 +106,19 @@ def test_three_nodes_on_a_two_node_cluster_are_refused_before_any_rank_starts(cl
     assert ray.util.placement_group_table() == {} or all(
         pg["state"] == "REMOVED" for pg in ray.util.placement_group_table().values())
     shutdown_ray()
+
+
+def test_two_nodes_without_a_cluster_to_join_exit_2_with_one_line(tmp_path):
+    env = _env(tmp_path)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, "trainer.nnodes=2",
+                           "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1"], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=180)
+    last = proc.stderr.strip().splitlines()[-1]
+    print("refusal:", last)
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert last.startswith("error: trainer.nnodes=2 needs a Ray cluster of 2 nodes: set trainer.ray_address")
+    assert "Traceback" not in proc.stderr and "worker group" not in proc.stderr
 
 
 # Runs in a private mount namespace: a tmpfs over the checkpoint folder is that node's local disk.
