@@ -72,8 +72,10 @@ class NodeInfo:
         return self.alive and all(self.resources.get(k, 0.0) >= v for k, v in bundle.items())
 
     def describe(self) -> str:
+        if not self.alive:
+            return f"{self.node_id[:12]} ({self.ip}, dead)"
         have = {k: v for k, v in sorted(self.resources.items()) if k in ("CPU", "GPU")}
-        return f"{self.node_id[:12]} ({self.ip}, {'alive' if self.alive else 'dead'}, {have})"
+        return f"{self.node_id[:12]} ({self.ip}, alive, {have})"
 
 
 def check_nodes(nodes: Sequence[NodeInfo], nnodes: int, per_node: int, bundle: Mapping[str, float],
