@@ -17,31 +17,21 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
 
 from repro.config import RunConfig
 from repro.metrics import MetricsLog
+from tests.distributed.test_cluster import RankProbe
 from tests.distributed.test_trainer import DETERMINISTIC, ROOT, SMALL, _env, _wait_for_checkpoint
 
 
-class NodeProbe:
-    """A minimal hosted worker that joins the process group in its constructor, like the real ones."""
-
-    def __init__(self) -> None:
-        from repro.distributed import init_distributed
-
-        init_distributed()
+class NodeProbe(RankProbe):
+    """The cluster tests' probe worker, also telling which Ray node it runs on."""
 
     def where(self) -> dict[str, str]:
         import ray
 
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         return {k: os.environ[k] for k in keys} | {"node": ray.get_runtime_context().get_node_id()}
-
-    def all_reduce(self, value: float) -> float:
-        t = torch.tensor([value])
-        torch.distributed.all_reduce(t)
-        return float(t.item())
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +68,7 @@ def _node_ids(cluster) -> set[str]:
 def test_two_nodes_get_one_rank_each_and_form_one_group(cluster, tmp_path):
     from repro.cluster import WorkerGroup, shutdown_ray
 
-    group = WorkerGroup(_cfg(cluster.address), NodeProbe, shared_dirs=[("trainer.output_dir", tmp_path / "ckpt")])
+    group = WorkerGroup(_cfg(cluster.address), NodeProbe, "probe", shared_dirs=[("trainer.output_dir", tmp_path / "ckpt")])
     try:
         where = group.execute_all_same("where")
         print("ranks:", where)
@@ -100,7 +90,7 @@ def test_three_nodes_on_a_two_node_cluster_are_refused_before_any_rank_starts(cl
     from repro.placement import PlacementError
 
     with pytest.raises(PlacementError) as e:
-        WorkerGroup(_cfg(cluster.address, nnodes=3), NodeProbe)
+        WorkerGroup(_cfg(cluster.address, nnodes=3), NodeProbe, "probe")
     print("refusal:", e.value)
     assert str(e.value).startswith("trainer.nnodes=3 x trainer.n_gpus_per_node=1 needs 3 such nodes but 2 of")
     assert ray.util.placement_group_table() == {} or all(
@@ -163,7 +153,7 @@ def test_checkpoint_folder_on_one_nodes_local_disk_is_refused(tmp_path, monkeypa
     try:
         node_id = next(line.split()[1] for line in local.stdout if line.startswith("NODE_ID "))
         with pytest.raises(StorageError) as e:
-            WorkerGroup(_cfg(head.address), NodeProbe, shared_dirs=[("trainer.default_local_dir", ckpt)])
+            WorkerGroup(_cfg(head.address), NodeProbe, "probe", shared_dirs=[("trainer.default_local_dir", ckpt)])
         print("refusal:", e.value)
         msg = str(e.value)
         assert msg.startswith(f"trainer.default_local_dir={ckpt} is not shared by every node: node {node_id[:12]} ")
