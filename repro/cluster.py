@@ -1,15 +1,18 @@
 """Ray worker groups: one Ray actor per GPU (or per CPU rank), placed, wired and fanned out to.
 
-``WorkerGroup(cfg, cls)`` reserves ``trainer.nnodes`` placement groups of
-``trainer.n_gpus_per_node`` bundles each (one bundle = one rank: a GPU and a CPU, or a fraction
-of a CPU when there is no GPU), starts one Ray actor of ``cls`` per bundle with the rank
-environment DeepSpeed reads (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
-``MASTER_PORT``; ``DS_ACCELERATOR=cpu`` on CPU), and calls methods on all ranks at once.
+``WorkerGroup(cfg, cls)`` places ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` ranks (one rank
+= a GPU and a CPU, or a fraction of a CPU when there is no GPU) on ``trainer.nnodes`` distinct
+Ray nodes (``repro.placement``: one bundle per node, spread strictly), starts one Ray actor of
+``cls`` per rank with the rank environment DeepSpeed reads (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; ``DS_ACCELERATOR=cpu`` on CPU), and calls methods on all ranks at once.
 
 The hosted class is a plain Python class (``repro.workers.hybrid.HybridWorker``); Ray is only the
-transport and the placement. ``ray.init()`` starts a local cluster; ``trainer.ray_address``
-joins an existing one, which is how a run spans nodes. The master port is picked by rank 0 on
-its own node after the actors exist, then handed to every rank before any process group forms.
+transport and the placement. Without ``trainer.ray_address`` / ``RAY_ADDRESS`` a fresh local
+instance starts (never a cluster some earlier ``ray start`` left behind); with one the run joins
+that cluster, which is how a run spans nodes. ``MASTER_ADDR`` and the master port come from rank
+0's node after the actors exist, and reach every rank before any process group forms. Folders
+given as ``shared_dirs`` are checked to be shared by every node (``repro.shared_storage``) before
+the hosted class is built.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,17 +30,19 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from repro import placement, shared_storage
 from repro.config import RunConfig
 from repro.devices import on_cpu
 from repro.interrupts import reclaim_sigterm
-from repro.preflight import alive_ray_nodes, check_nodes, ray_address
-from repro.worker_errors import gather
+from repro.worker_errors import WorkerError, gather
 
 log = logging.getLogger("repro.trainer")
 
 # Environment the ranks need even on a remote cluster (a local one inherits the driver's).
 _PASS_PREFIXES = ("REPRO_", "VERL_", "NCCL_", "TORCH_", "NVSHMEM_", "DS_", "HF_", "TRANSFORMERS_", "CUDA_LAUNCH")
 _PLACEMENT_TIMEOUT_S = 120.0
+# How long a failed call waits for the GCS to mark a silent node dead (its health checks take ~15 s).
+_NODE_DEATH_WAIT_S = 60.0
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -48,21 +54,24 @@ def use_gpu(cfg: RunConfig) -> bool:
 
 
 def start_ray(cfg: RunConfig) -> None:
-    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``; then
-    ``trainer.nnodes`` is checked against the cluster's alive nodes (``repro.preflight.check_nodes``)."""
+    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``
+    (``nnodes>1`` needs the latter; the alive nodes are checked by ``WorkerGroup``)."""
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
-    if cfg.trainer.ray_address:
-        kwargs["address"] = cfg.trainer.ray_address
+    address = placement.cluster_address(cfg.trainer.ray_address)
+    placement.require_cluster_for_nodes(cfg.trainer.nnodes, address)
+    if address:
+        kwargs["address"] = address
     else:
+        # "local": without it ray.init() joins whatever cluster /tmp/ray/ray_current_cluster names.
+        kwargs["address"] = "local"
         kwargs["num_cpus"] = os.cpu_count() or 1
     kwargs.update(dict(cfg.ray_kwargs.ray_init))
-    if kwargs.get("address") and "num_cpus" in cfg.ray_kwargs.ray_init:
+    if address and "num_cpus" in cfg.ray_kwargs.ray_init:
         raise ValueError("ray_kwargs.ray_init.num_cpus cannot be set when joining a cluster (trainer.ray_address)")
     ray.init(**kwargs)
     reclaim_sigterm()
-    check_nodes(cfg.trainer.nnodes, ray_address(cfg), alive_ray_nodes())
 
 
 def _free_port() -> int:
@@ -84,6 +93,12 @@ class _RankHost:
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
 
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def probe_shared(self, folder: str, token: str) -> str | None:
+        return shared_storage.probe(folder, token, self.node_id())
+
     def set_master(self, addr: str, port: int) -> None:
         os.environ["MASTER_ADDR"] = addr
         os.environ["MASTER_PORT"] = str(port)
@@ -98,7 +113,9 @@ class _RankHost:
 class WorkerGroup:
     """``world`` Ray actors, each hosting ``cls(*args, **kwargs)`` as one rank."""
 
-    def __init__(self, cfg: RunConfig, cls: type, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, cfg: RunConfig, cls: type, *args: Any,
+                 shared_dirs: Sequence[tuple[str, Path]] = (), **kwargs: Any) -> None:
+        """``shared_dirs``: (config key, folder) pairs every node must see as one folder."""
         start_ray(cfg)
         self.cfg = cfg
         self.gpu = use_gpu(cfg)
@@ -107,13 +124,16 @@ class WorkerGroup:
         self.world = self.per_node * self.nnodes
         bundle = self._bundle()
         self._check_resources(bundle)
-        self._pgs = [placement_group([dict(bundle)] * self.per_node, strategy="STRICT_PACK")
-                     for _ in range(self.nnodes)]
+        per_node_bundle = placement.node_bundle(bundle, self.per_node)
+        address = placement.cluster_address(cfg.trainer.ray_address)
+        nodes = [placement.NodeInfo.from_ray(n) for n in ray.nodes()]
+        placement.check_nodes(nodes, self.nnodes, self.per_node, per_node_bundle, address)
+        self._pgs = [placement_group([per_node_bundle] * self.nnodes, strategy="STRICT_SPREAD")]
         try:
             ray.get([pg.ready() for pg in self._pgs], timeout=_PLACEMENT_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             self._remove_pgs()
-            raise ValueError(
+            raise placement.PlacementError(
                 f"trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.per_node} ranks need "
                 f"{self.nnodes} node(s) with {self.per_node} x {bundle} each, but the Ray cluster has "
                 f"{ray.cluster_resources()}; lower trainer.n_gpus_per_node / trainer.nnodes"
@@ -128,35 +148,56 @@ class WorkerGroup:
                     num_cpus=bundle["CPU"],
                     num_gpus=bundle.get("GPU", 0),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=self._pgs[node], placement_group_bundle_index=local
+                        placement_group=self._pgs[0], placement_group_bundle_index=node
                     ),
                     runtime_env={"env_vars": env},
                     name=None,
                 ).remote(cls, args, kwargs)
             )
+        try:
+            self._check_nodes_and_storage(shared_dirs)
+        except BaseException:
+            self.shutdown()
+            raise
         addresses = ray.get([a.address.remote() for a in self.actors])
         self.hosts = [ip for ip, _ in addresses]
         addr, port = addresses[0]
         ray.get([a.set_master.remote(addr, port) for a in self.actors])
         # Workers build process groups in their constructors: every rank must start together.
-        gather([a.create.remote() for a in self.actors], "create", self.hosts)
-        log.info("worker group: %d rank(s) on %d node(s), %s, master %s:%d",
-                 self.world, self.nnodes, "GPU" if self.gpu else "CPU", addr, port)
+        self._get([a.create.remote() for a in self.actors], "create")
+        log.info("worker group: %d rank(s) on %d node(s) %s, %s, master %s:%d", self.world, self.nnodes,
+                 [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
+
+    def _some_rank_unreachable(self) -> bool:
+        for actor in self.actors:
+            try:
+                ray.get(actor.node_id.remote(), timeout=10)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return True
+        return False
+
+    def _check_nodes_and_storage(self, shared_dirs: Sequence[tuple[str, Path]]) -> None:
+        """Ranks sit on distinct nodes as asked, and every node sees ``shared_dirs`` as one folder."""
+        self.node_ids: list[str] = ray.get([a.node_id.remote() for a in self.actors])
+        placement.check_spread(self.node_ids, self.nnodes, self.per_node)
+        firsts = self.actors[::self.per_node]
+        for key, folder in shared_dirs:
+            shared_storage.check_shared(key, Path(folder), self.node_ids[::self.per_node],
+                                        lambda f, t: ray.get([a.probe_shared.remote(f, t) for a in firsts]))
 
     def _bundle(self) -> dict[str, float]:
         if self.gpu:
             return {"CPU": 1.0, "GPU": 1.0}
-        total = ray.cluster_resources().get("CPU", 1.0)
         # A CPU rank claims a share so that every rank fits beside the driver on a small machine;
         # OMP_NUM_THREADS=1 is what actually keeps ranks from oversubscribing the cores.
-        return {"CPU": max(0.01, min(0.5, total / (self.world + 1)))}
+        return {"CPU": placement.rank_cpus(ray.cluster_resources().get("CPU", 1.0), self.world)}
 
     def _check_resources(self, bundle: dict[str, float]) -> None:
         """Fail at once (not after the placement timeout) when the cluster cannot hold the ranks."""
         have = ray.cluster_resources()
         for key, per_rank in bundle.items():
             if have.get(key, 0.0) < per_rank * self.world:
-                raise ValueError(
+                raise placement.PlacementError(
                     f"trainer.nnodes={self.nnodes} x trainer.n_gpus_per_node={self.per_node} = {self.world} ranks "
                     f"need {per_rank * self.world:g} {key} in the Ray cluster, which has {have.get(key, 0.0):g}; "
                     + ("lower trainer.n_gpus_per_node or use trainer.device=cpu" if key == "GPU"
@@ -190,12 +231,31 @@ class WorkerGroup:
                 raise ValueError(f"execute_all({method!r}): argument {i} has {len(arg)} shards for {self.world} ranks")
         refs = [a.call.remote(method, *(arg[r] for arg in per_rank_args), **same_kwargs)
                 for r, a in enumerate(self.actors)]
-        return gather(refs, method, self.hosts)
+        return self._get(refs, method)
 
     def execute_all_same(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` with the same arguments on every rank."""
         arg_refs = [ray.put(a) for a in args]
-        return gather([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors], method, self.hosts)
+        return self._get([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors], method)
+
+    def _get(self, refs: list[Any], method: str) -> list[Any]:
+        """The ranks' results; a failed rank is one ``WorkerError`` line (``repro.worker_errors``),
+        a rank lost with its node one ``NodeLostError`` line naming the node."""
+        try:
+            return gather(refs, method, self.hosts)
+        except WorkerError:
+            # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
+            if not self._some_rank_unreachable():
+                raise
+            deadline = time.monotonic() + _NODE_DEATH_WAIT_S
+            while True:
+                nodes = [placement.NodeInfo.from_ray(n) for n in ray.nodes()]
+                msg = placement.lost_ranks_message(method, self.node_ids, nodes)
+                if msg:
+                    raise placement.NodeLostError(msg) from None
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1.0)
 
     def _remove_pgs(self) -> None:
         for pg in self._pgs:

@@ -97,14 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
     from repro.interrupts import INTERRUPTED_EXIT
+    from repro.placement import NodeLostError, PlacementError
     from repro.worker_errors import WorkerError
 
     try:
         out_dir = trainer.run(cfg)
-    except InputError as e:
+    except (InputError, PlacementError) as e:  # the inputs or the cluster cannot hold the run as configured
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except WorkerError as e:
+    except (WorkerError, NodeLostError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -30,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from repro import placement
 from repro.config import RunConfig, critic_enabled
 
 TINY = "tiny"
@@ -159,34 +160,16 @@ def check_device(cfg: RunConfig, gpus: int | None = None) -> None:
         )
 
 
-def ray_address(cfg: RunConfig) -> str | None:
-    """The cluster a run joins: ``trainer.ray_address``, else ``$RAY_ADDRESS``, else None (a local one)."""
-    return cfg.trainer.ray_address or os.environ.get("RAY_ADDRESS") or None
+def check_nodes(nnodes: int, address: str | None) -> None:
+    """``trainer.nnodes>1`` needs a cluster to join (``repro.placement``'s rule, as an input error).
 
-
-def check_nodes(nnodes: int, address: str | None, alive_nodes: int | None = None) -> None:
-    """``trainer.nnodes>1`` needs a cluster to join and no more nodes than the cluster has alive.
-
-    ``alive_nodes`` is the cluster's count of alive nodes when the caller knows it (after
-    ``ray.init``: :func:`alive_ray_nodes`); None skips that half of the check.
+    Whether that cluster has enough alive nodes with the resources is known only once Ray is
+    up: ``repro.placement.check_nodes`` refuses it there, before any rank starts.
     """
-    if nnodes > 1 and not address:
-        raise InputError(
-            f"trainer.nnodes={nnodes} needs a Ray cluster of {nnodes} nodes: set trainer.ray_address "
-            "(or RAY_ADDRESS) to it; without one every rank would run on this machine"
-        )
-    if alive_nodes is not None and nnodes > alive_nodes:
-        raise InputError(
-            f"trainer.nnodes={nnodes} but the Ray cluster at {address or 'this machine'} has "
-            f"{alive_nodes} alive node(s); lower trainer.nnodes or add nodes"
-        )
-
-
-def alive_ray_nodes() -> int:
-    """Alive nodes of the cluster this process is connected to (``ray.init`` done)."""
-    import ray
-
-    return sum(1 for n in ray.nodes() if n.get("Alive"))
+    try:
+        placement.require_cluster_for_nodes(nnodes, address)
+    except placement.PlacementError as e:
+        raise InputError(str(e)) from None
 
 
 def output_dirs(cfg: RunConfig) -> list[tuple[str, Path]]:
@@ -222,7 +205,7 @@ def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     if not dry:
         checks += [(check_writable_dir, key, path) for key, path in output_dirs(cfg)]
         checks.append((check_device, cfg))
-        checks.append((check_nodes, cfg.trainer.nnodes, ray_address(cfg)))
+        checks.append((check_nodes, cfg.trainer.nnodes, placement.cluster_address(cfg.trainer.ray_address)))
     notes = []
     for fn, *args in checks:
         if dry and not all(Path(f).exists() for f in _files(args[1])):

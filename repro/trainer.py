@@ -270,7 +270,8 @@ class PPOTrainer:
         started = time.time()
         metrics = MetricsLog(run_dir / "metrics.tsv")
         resume_from = self.verified_checkpoint()
-        self.group = WorkerGroup(cfg, HybridWorker, cfg)
+        ckpt_key = "trainer.default_local_dir" if t.default_local_dir else "trainer.output_dir (its checkpoints/)"
+        self.group = WorkerGroup(cfg, HybridWorker, cfg, shared_dirs=[(ckpt_key, self.paths.ckpt_dir)])
         start = 0
         if resume_from is not None:
             start = self.load(resume_from)

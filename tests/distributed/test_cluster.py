@@ -79,9 +79,11 @@ def test_an_error_in_one_rank_is_one_line_naming_rank_host_and_message(group):
 
 
 def test_more_nodes_than_the_cluster_has_alive_are_refused(group):
-    from repro.preflight import InputError, alive_ray_nodes, check_nodes
+    import ray
 
-    assert alive_ray_nodes() == 1
-    check_nodes(1, None, alive_ray_nodes())
-    with pytest.raises(InputError, match="trainer.nnodes=2 but the Ray cluster at auto has 1 alive node"):
-        check_nodes(2, "auto", alive_ray_nodes())
+    from repro import placement
+
+    nodes = [placement.NodeInfo.from_ray(n) for n in ray.nodes()]
+    assert len(placement.check_nodes(nodes, 1, 1, {"CPU": 0.01}, None)) == 1
+    with pytest.raises(placement.PlacementError, match="trainer.nnodes=2 .* needs 2 such nodes but 1 of"):
+        placement.check_nodes(nodes, 2, 1, {"CPU": 0.01}, "auto")
