@@ -95,13 +95,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(plan, sort_keys=True))
         return 0
 
-    from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
     from repro.interrupts import INTERRUPTED_EXIT
     from repro.placement import NodeLostError, PlacementError
+    from repro.run_claim import claim_run
     from repro.worker_errors import WorkerError
 
     try:
-        out_dir = trainer.run(cfg)
+        with claim_run(cfg) as claim:  # a live holder or a changed config: refused before the heavy imports
+            from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+
+            out_dir = trainer.run(cfg, claim)
     except (InputError, PlacementError) as e:  # the inputs or the cluster cannot hold the run as configured
         print(f"error: {e}", file=sys.stderr)
         return 2

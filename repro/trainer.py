@@ -30,7 +30,7 @@ from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.config_loader import fill_optimizer_steps
-from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
+from repro.interrupts import ignore_signals, mark_interrupted
 from repro.metrics import (
     MetricsLog,
     StepReporter,
@@ -42,7 +42,7 @@ from repro.metrics import (
     timer,
     write_summary,
 )
-from repro.resume_check import check_resume, describe_changes, record_config
+from repro.resume_check import describe_changes
 from repro.rl_batch import (
     KLController,
     apply_kl_penalty,
@@ -55,10 +55,9 @@ from repro.rl_batch import (
     timing_per_token_ms,
     token_level_scores,
 )
-from repro.run_lock import acquire
+from repro.run_claim import Claim, claim_run
 from repro.run_setup import (
     RunPaths,
-    choose_run_paths,
     resolve_builtin_assets,
     run_state,
     setup_logging,
@@ -322,46 +321,45 @@ def _f(x: Any) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def run(cfg: RunConfig) -> Path:
+def run(cfg: RunConfig, claim: Claim | None = None) -> Path:
     """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs).
 
-    Before anything starts, the run folder is locked (``repro.run_lock``) and a resume is checked to
-    be the same run (``repro.resume_check``): ``InputError``. Ctrl-C / SIGTERM end in
-    ``KeyboardInterrupt`` after ``run.json`` says ``interrupted``; a rank's failure in ``WorkerError``
-    (one line; the traceback is in ``train.log``).
+    The run folder is claimed first (``repro.run_claim``: lock, same-run check; ``InputError``)
+    unless the caller did. Ctrl-C / SIGTERM end in ``KeyboardInterrupt`` after ``run.json`` says
+    ``interrupted``; a rank's failure in ``WorkerError`` (one line; the traceback is in ``train.log``).
     """
-    paths = choose_run_paths(cfg)
-    with acquire(paths.run_dir) as lock, terminate_as_interrupt():
-        changes = check_resume(cfg, paths)
-        record_config(cfg, paths, changes)  # as given (model.path=tiny), before the assets are resolved
-        handler = setup_logging(paths.run_dir)
-        try:
-            if lock.took_over:
-                log.warning("took over the stale run.lock of %s (that process is gone)", lock.took_over.describe())
-            if changes:
-                log.warning(describe_changes(changes))
-            cfg = resolve_builtin_assets(cfg)
-            trainer = PPOTrainer(cfg, paths)
-            fill_optimizer_steps(cfg, trainer.total_steps)
-            write_config_yaml(cfg, paths.run_dir / "config.yaml")
-            return trainer.fit()
-        except (KeyboardInterrupt, SystemExit) as e:
-            # Ray's own SIGTERM handler calls sys.exit(SIGTERM) (cluster.start_ray puts ours back after it).
-            if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
-                raise
-            with ignore_signals():
-                shutdown_ray()
-                log.error(mark_interrupted(paths))
-            raise KeyboardInterrupt from None
-        except WorkerError as e:
-            log.debug("%s\n%s", e, e.details)
-            write_run_state(paths.run_dir, status="failed", error=str(e))
-            raise e.with_log(paths.run_dir / "train.log") from None
-        except Exception as e:
-            write_run_state(paths.run_dir, status="failed", error=f"{type(e).__name__}: {e}")
+    if claim is None:
+        with claim_run(cfg) as claim:
+            return run(cfg, claim)
+    paths, lock, changes = claim.paths, claim.lock, claim.changes
+    handler = setup_logging(paths.run_dir)
+    try:
+        if lock.took_over:
+            log.warning("took over the stale run.lock of %s (that process is gone)", lock.took_over.describe())
+        if changes:
+            log.warning(describe_changes(changes))
+        cfg = resolve_builtin_assets(cfg)
+        trainer = PPOTrainer(cfg, paths)
+        fill_optimizer_steps(cfg, trainer.total_steps)
+        write_config_yaml(cfg, paths.run_dir / "config.yaml")
+        return trainer.fit()
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Ray's own SIGTERM handler calls sys.exit(SIGTERM) (cluster.start_ray puts ours back after it).
+        if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
             raise
-        finally:
-            with ignore_signals():
-                log.removeHandler(handler)
-                handler.close()
-                shutdown_ray()
+        with ignore_signals():
+            shutdown_ray()
+            log.error(mark_interrupted(paths))
+        raise KeyboardInterrupt from None
+    except WorkerError as e:
+        log.debug("%s\n%s", e, e.details)
+        write_run_state(paths.run_dir, status="failed", error=str(e))
+        raise e.with_log(paths.run_dir / "train.log") from None
+    except Exception as e:
+        write_run_state(paths.run_dir, status="failed", error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        with ignore_signals():
+            log.removeHandler(handler)
+            handler.close()
+            shutdown_ray()

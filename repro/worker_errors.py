@@ -14,8 +14,6 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-import ray
-
 
 class WorkerError(RuntimeError):
     """A rank failed or died; ``str()`` is one line, ``details`` the remote traceback."""
@@ -39,6 +37,8 @@ def _first_line(text: str) -> str:
 
 def to_worker_error(err: Exception, rank: int, host: str, method: str) -> WorkerError:
     """The :class:`WorkerError` for ``err`` raised by rank ``rank``'s call of ``method``."""
+    import ray  # here, not at the top: the driver names WorkerError before it imports Ray
+
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause
         if isinstance(cause, ray.exceptions.RayActorError):
@@ -63,6 +63,8 @@ _GRACE_S = 3.0
 def gather(refs: Sequence[Any], method: str, hosts: Sequence[str]) -> list[Any]:
     """``ray.get(refs)`` (one ref per rank, in rank order), raising :class:`WorkerError` for a failed
     rank (a dead one first); peers blocked on it are waited for only ``_GRACE_S``."""
+    import ray
+
     index = {ref: rank for rank, ref in enumerate(refs)}
     results: dict[int, Any] = {}
     errors: list[WorkerError] = []
@@ -79,6 +81,8 @@ def gather(refs: Sequence[Any], method: str, hosts: Sequence[str]) -> list[Any]:
 
 def _collect(ready: list[Any], index: dict[Any, int], results: dict[int, Any], method: str,
              hosts: Sequence[str]) -> list[WorkerError]:
+    import ray
+
     errors = []
     for ref in ready:
         rank = index[ref]

@@ -139,3 +139,31 @@ def test_any_result_key_change_is_seen_and_ignored_keys_never_are(key, salt):
     changed[key] = ["changed", salt]
     assert list(diff(base, changed)) == [key]
     assert "trainer.total_training_steps" in IGNORED and "trainer.save_freq" in IGNORED
+
+
+def test_main_ppo_refuses_a_changed_resume_before_importing_the_trainer(tmp_path):
+    import os
+    import resource
+    import subprocess
+    import sys
+    import time
+
+    run_dir = _started_run(tmp_path)
+    before = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+    root = Path(__file__).resolve().parents[2]
+    code = ("import runpy, sys\n"
+            "try:\n    runpy.run_module('repro.main_ppo', run_name='__main__')\n"
+            "finally:\n    print('heavy imports:', [m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules], "
+            "file=sys.stderr)\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "REPRO_OUTPUTS_DIR": str(tmp_path / "outputs")}
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code, "-cn", "grpo_tiny", "trainer.device=cpu", "data.seed=3"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime
+    assert proc.returncode == 2 and "data.seed: 0 -> 3" in proc.stderr, proc.stderr
+    assert "heavy imports: []" in proc.stderr and "Traceback" not in proc.stderr
+    assert cpu < 5.0 and wall < 30.0, (cpu, wall)
+    assert {p.name: p.stat().st_mtime for p in run_dir.iterdir()} == before
