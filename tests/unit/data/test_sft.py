@@ -102,7 +102,7 @@ def test_sft_held_out_larger_than_its_region_is_a_value_error():
 
 
 @pytest.mark.slow
-def test_tiny_policy_lands_in_the_band_and_a_second_call_is_served_from_cache(tmp_path, monkeypatch):
+def test_tiny_policy_lands_in_the_band_is_served_from_cache_and_rebuilds_bitwise_equal(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_CACHE_DIR", str(tmp_path / "cache"))
     device = torch.device("cpu")
     out = ensure_tiny_policy(tmp_path / "policy", device=device)
@@ -127,9 +127,9 @@ def test_tiny_policy_lands_in_the_band_and_a_second_call_is_served_from_cache(tm
     assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
 
 
-@pytest.mark.slow
-def test_two_builds_on_one_machine_are_bitwise_equal(tmp_path):
-    first = train_tiny_policy(SFTRecipe(), tmp_path / "a", torch.device("cpu"))
-    second = train_tiny_policy(SFTRecipe(), tmp_path / "b", torch.device("cpu"))
-    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
-    assert first["history"] == second["history"] and first["final_loss"] == second["final_loss"]
+    # A second build on this machine (no cache) is bitwise equal: the cache key may promise it.
+    rebuilt = train_tiny_policy(SFTRecipe(), tmp_path / "rebuilt", device)
+    assert (tmp_path / "rebuilt" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    # The report went through JSON (tuples became lists).
+    assert json.loads(json.dumps(rebuilt["history"])) == report["history"]
+    assert rebuilt["final_loss"] == report["final_loss"]
