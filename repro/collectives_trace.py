@@ -181,6 +181,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             if div
             else "No divergence: every group's ranks issued the same collectives."
         )
+        if div is None:
+            from repro.collectives.align import first_site_difference
+
+            note = first_site_difference(traces)
+            if note:
+                print(note)
     return 1 if div else 0
 
 
