@@ -15,7 +15,9 @@ through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``).
     python -m repro.collectives_trace analyze DIR [--json]
     python -m repro.collectives_trace export DIR --chrome trace.json
 
-``analyze`` reads our per-rank files (``rank*.jsonl``) or PyTorch Flight Recorder dumps.
+``launch`` also ends a job that hangs (``--stall-s``, default 30 s without progress) with the
+report and every rank's Python stack. ``analyze`` reads our per-rank files (``rank*.jsonl``) and
+PyTorch Flight Recorder dumps (alone, or beside our files for what ran below the Python API).
 """
 
 from __future__ import annotations
@@ -179,6 +181,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             if div
             else "No divergence: every group's ranks issued the same collectives."
         )
+        if div is None:
+            from repro.collectives.align import first_site_difference
+
+            note = first_site_difference(traces)
+            if note:
+                print(note)
     return 1 if div else 0
 
 

@@ -32,3 +32,16 @@ def test_two_unreturned_receives_name_both_ranks_blocked_calls():
 
 def test_every_call_returned_means_nothing_incomplete():
     assert incomplete({0: trace(0, [("all_reduce", 4)]), 1: trace(1, [("all_reduce", 4)])}) is None
+
+
+def test_a_wait_that_never_returned_names_the_call_it_waits_for():
+    stuck = call(0, 2, op="wait", returned=False, site="loop.py:20 train", t=5.0)
+    stuck.group_seq, stuck.detail, stuck.of = None, ["for", "all_reduce", 1], 1
+    a = RankTrace(rank=0, calls=[call(0, 1, site="loop.py:19 train"), stuck])
+    b = RankTrace(rank=1, calls=[call(1, 1, site="loop.py:19 train")])
+    d = incomplete({0: a, 1: b})
+    assert d.kind == "hang" and d.call_a is stuck
+    assert (
+        "Rank 0's wait for all_reduce #1 numel=4 float32 at loop.py:20 train never returned"
+        in format_divergence(d)
+    )
