@@ -104,6 +104,10 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             if role != "ref":
                 out["batch"][role] = None
             continue
+        if role == "ref" and cfg.actor_rollout_ref.model.lora_rank > 0:
+            # A LoRA actor is its own reference (adapters disabled): no engine of its own.
+            out[role] = {"enabled": True, "in_actor": True, "deepspeed": None}
+            continue
         ds = role_deepspeed_section(cfg, role)
         offload = resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir)
         if offload.note:
@@ -133,6 +137,9 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
         if not section["enabled"]:
             lines.append(f"{role}: not used")
             continue
+        if section.get("in_actor"):
+            lines.append(f"{role}: the actor's base model with the LoRA adapters disabled (no engine of its own)")
+            continue
         zero = section["deepspeed"]["zero_optimization"]
         off = section["offload"]
         dtype = "bf16" if section["deepspeed"]["bf16"]["enabled"] else "fp32"
@@ -146,7 +153,8 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
         if batch:
             text += (
                 f"; world={batch['world']} dp={batch['dp']} sp={batch['sp']} per-rank mini={batch['per_rank_mini']}"
-                f" micro={batch['micro']} GAS={batch['gas']} DeepSpeed train_batch_size={batch['train_batch_size']}"
+                f" micro={batch['micro']} GAS={batch['gas']}"
+                f" DeepSpeed train_batch_size={section['deepspeed']['train_batch_size']}"
                 f" mini-batches/step={batch['num_mini_batches']}" + (" (dynamic)" if batch["dynamic"] else "")
             )
         lines.append(text)

@@ -19,11 +19,11 @@ LORA = [
 ]
 
 
-@pytest.mark.slow  # a 12-step job of the full grpo_tiny batch: about 4 minutes on 2 cores
+@pytest.mark.slow  # a 12-step job of the full grpo_tiny batch: about 4 min on 2 idle cores, 10+ when shared
 def test_grpo_with_lora_actor_learns(tmp_path):
     out = tmp_path / "lora"
     cmd = [sys.executable, "-c", RUNNER, "grpo_tiny", *LORA, f"trainer.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     rows = MetricsLog(out / "metrics.tsv").rows
     scores = [r["critic/score/mean"] for r in rows]

@@ -22,8 +22,10 @@ SAMPLES = 8
 TOL = 1e-5
 
 
-def _cfg(model_dir: str, stage: int, remove_padding: bool, sp: int = 2):
-    cfg = make_cfg(model_dir, world=2, stage=stage, micro=2, use_kl_loss=True, entropy_coeff=0.01, grad_clip=100.0)
+def _cfg(model_dir: str, stage: int, remove_padding: bool, sp: int = 2, dynamic: bool = False):
+    # token budget 10 per rank x sp 2: micro-batches of one to three samples per SP group
+    cfg = make_cfg(model_dir, world=2, stage=stage, micro=2, use_kl_loss=True, entropy_coeff=0.01, grad_clip=100.0,
+                   dynamic=dynamic, max_tokens=10)
     cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size = sp
     cfg.critic.ulysses_sequence_parallel_size = sp
     cfg.actor_rollout_ref.model.use_remove_padding = remove_padding
@@ -37,7 +39,8 @@ def _cfg(model_dir: str, stage: int, remove_padding: bool, sp: int = 2):
     return cfg
 
 
-def _run(rank: int, world: int, model_dir: str, stage: int, role: str, overrides: dict | None) -> list[dict]:
+def _run(rank: int, world: int, model_dir: str, stage: int, role: str, overrides: dict | None,
+         dynamic: bool = False) -> list[dict]:
     from repro.workers.actor import ActorWorker
     from repro.workers.critic import CriticWorker
     from tests.distributed.workers.helpers import params_of
@@ -45,7 +48,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int, role: str, overrides
     out = []
     batch = shard(make_step_batch(41, SAMPLES), rank, world)
     for remove_padding in (False, True):
-        cfg = _cfg(model_dir, stage, remove_padding)
+        cfg = _cfg(model_dir, stage, remove_padding, dynamic=dynamic)
         ds = {**(ZERO3_PARTITION_ALL if stage == 3 else {})}
         if overrides:
             ds = {"zero_optimization": {**ds.get("zero_optimization", {}), **overrides}}
@@ -76,13 +79,13 @@ def _reference(model_dir: str, role: str, stage: int) -> tuple[dict, list[float]
     return ref.params(), norms
 
 
-@pytest.mark.parametrize("role", ["actor", "critic"])
-@pytest.mark.parametrize("stage", [1, 2, 3])
-def test_sp2_equals_single_process_with_padding_and_packed_rows(multirank, tmp_path, stage, role):
+@pytest.mark.parametrize(("stage", "role", "dynamic"),
+                         [(s, r, False) for s in (1, 2, 3) for r in ("actor", "critic")] + [(2, "actor", True)])
+def test_sp2_equals_single_process_with_padding_and_packed_rows(multirank, tmp_path, stage, role, dynamic):
     from transformers import AutoModelForCausalLM
 
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, role, None))
+    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, role, None, dynamic))
     want_params, want_norms = _reference(model_dir, role, stage)
     full = make_step_batch(41, SAMPLES)
     if role == "actor":
