@@ -9,14 +9,16 @@ import signal
 import pytest
 
 from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
-from repro.run_setup import LATEST, RUN_STATE, RunPaths
+from repro.checkpoint_store import CheckpointStore
+from repro.run_setup import RUN_STATE, RunPaths
 
 
 def _paths(tmp_path, step=None):
     ckpt = tmp_path / "checkpoints"
-    if step is not None:
-        (ckpt / f"global_step_{step}").mkdir(parents=True)
-        (ckpt / LATEST).write_text(f"{step}\n")
+    if step is not None:  # a committed checkpoint (manifest written), as the trainer leaves it
+        store = CheckpointStore(ckpt)
+        (store.begin(step) / "trainer_state.json").write_text("{}")
+        store.commit(step)
     return RunPaths(tmp_path, ckpt, None, 0)
 
 
