@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
 from repro.checkpoint_store import CheckpointStore
+from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
 from repro.run_setup import RUN_STATE, RunPaths
 
 
