@@ -40,6 +40,8 @@ _PASS_PREFIXES = ("REPRO_", "VERL_", "NCCL_", "TORCH_", "NVSHMEM_", "DS_", "HF_"
 _PLACEMENT_TIMEOUT_S = 120.0
 # How long a failed call waits for the GCS to mark a silent node dead (its health checks take ~15 s).
 _NODE_DEATH_WAIT_S = 60.0
+# How long the ranks get to answer "are you there?" after a failed call.
+_PROBE_S = 3.0
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -164,10 +166,13 @@ class WorkerGroup:
                  [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
 
     def _some_rank_unreachable(self) -> bool:
-        for actor in self.actors:
+        """Whether a rank's actor is gone; a busy one (blocked in a collective) is not."""
+        refs = [a.node_id.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_PROBE_S)
+        for ref in ready:
             try:
-                ray.get(actor.node_id.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
                 return True
         return False
 
@@ -237,9 +242,9 @@ class WorkerGroup:
         """``ray.get``; a rank lost with its node becomes one ``NodeLostError`` line naming the node."""
         try:
             return ray.get(refs)
-        except ray.exceptions.RayError:
+        except ray.exceptions.RayError as e:
             # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
-            if not self._some_rank_unreachable():
+            if not isinstance(e, ray.exceptions.RayActorError) and not self._some_rank_unreachable():
                 raise
             deadline = time.monotonic() + _NODE_DEATH_WAIT_S
             while True:
