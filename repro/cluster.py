@@ -43,6 +43,8 @@ _PASS_PREFIXES = ("REPRO_", "VERL_", "NCCL_", "TORCH_", "NVSHMEM_", "DS_", "HF_"
 _PLACEMENT_TIMEOUT_S = 120.0
 # How long a failed call waits for the GCS to mark a silent node dead (its health checks take ~15 s).
 _NODE_DEATH_WAIT_S = 60.0
+# How long the ranks get to answer "are you there?" after a failed call.
+_PROBE_S = 3.0
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -169,10 +171,13 @@ class WorkerGroup:
                  [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
 
     def _some_rank_unreachable(self) -> bool:
-        for actor in self.actors:
+        """Whether a rank's actor is gone; a busy one (blocked in a collective) is not."""
+        refs = [a.node_id.remote() for a in self.actors]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=_PROBE_S)
+        for ref in ready:
             try:
-                ray.get(actor.node_id.remote(), timeout=10)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                ray.get(ref)
+            except ray.exceptions.RayActorError:
                 return True
         return False
 
@@ -243,9 +248,11 @@ class WorkerGroup:
         a rank lost with its node one ``NodeLostError`` line naming the node."""
         try:
             return gather(refs, method, self.hosts)
-        except WorkerError:
+        except WorkerError as e:
+            if self.nnodes == 1:
+                raise  # a lost node would be the driver's own: nothing more to learn
             # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
-            if not self._some_rank_unreachable():
+            if not e.died and not self._some_rank_unreachable():
                 raise
             deadline = time.monotonic() + _NODE_DEATH_WAIT_S
             while True:
