@@ -1,0 +1,142 @@
+"""The DeepSpeed-facing sections: optimizer, ``deepspeed`` block, checkpoint contents, and the
+DeepSpeed environment knobs (read exactly once, by :func:`resolve_env_knobs`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from repro.config.fields import (
+    MODEL_DTYPES,
+    OFFLOAD_CHOICES,
+    WARMUP_STYLES,
+    ZERO_STAGES,
+    _choice,
+    _fail,
+    _positive,
+)
+
+ENV_PARAM_OFFLOAD = "VERL_ENABLE_PARAM_OFFLOAD"
+
+
+ENV_FP32_ACCUM = "VERL_DS_ZERO2_FP32_ACCUM_PATCH"
+
+
+ENV_STEP_EACH_MICRO = "VERL_DS_ZERO2_STEP_EACH_MICRO"
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-6
+    """Peak learning rate."""
+    lr_warmup_steps: int = -1
+    """Warm-up optimizer steps; -1 derives them from ``lr_warmup_steps_ratio``."""
+    lr_warmup_steps_ratio: float = 0.0
+    """Fraction of the total optimizer steps spent warming up when ``lr_warmup_steps`` is -1."""
+    warmup_style: str = "constant"
+    """Schedule after warm-up: constant, linear decay or cosine decay to ``min_lr_ratio * lr``."""
+    min_lr_ratio: float = 0.0
+    """Floor of the decaying schedules, as a fraction of ``lr``."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    total_training_steps: int = -1
+    """Optimizer steps of the whole run (one per mini-batch). Left at -1, ``load_config`` fills it from
+    trainer.total_training_steps x ppo_epochs x mini-batches per step; without that the trainer does."""
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr")
+        _choice(self, "warmup_style", WARMUP_STYLES)
+        if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
+            _fail(self, "lr_warmup_steps_ratio", "must be in [0, 1]")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            _fail(self, "min_lr_ratio", "must be in [0, 1]")
+        if len(self.betas) != 2:
+            _fail(self, "betas", "must have two values", list(self.betas))
+
+
+@dataclass
+class DeepSpeedConfig:
+    """The DeepSpeed section of one role (``actor.deepspeed`` / ``critic.deepspeed_config``)."""
+
+    zero_stage: int = 2
+    """ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)."""
+    offload: str = "none"
+    """none, cpu or nvme; applied per stage by ``ds_config.resolve_offload`` (auto means cpu)."""
+    offload_dir: str | None = None
+    """Directory for NVMe offload swap files (required with ``offload=nvme``)."""
+    model_dtype: str = "auto"
+    """Training dtype: bfloat16, float32, or auto (bf16 on CUDA, fp32 on CPU)."""
+    param_offload: bool | None = None
+    """ZeRO-3 parameter offload with ``offload=cpu``; None reads VERL_ENABLE_PARAM_OFFLOAD."""
+    fp32_grad_accum: bool | None = None
+    """Accumulate gradients in fp32 (DeepSpeed ``data_types.grad_accum_dtype``); None reads VERL_DS_ZERO2_FP32_ACCUM_PATCH."""
+    step_each_micro: bool | None = None
+    """Call ``engine.step()`` after every micro-batch; None reads VERL_DS_ZERO2_STEP_EACH_MICRO."""
+    reduce_bucket_size: int = 500_000_000
+    """DeepSpeed reduce bucket size (elements)."""
+    allgather_bucket_size: int = 500_000_000
+    """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
+    torch_adam: bool | None = None
+    """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
+    zero3_leaf_modules: bool = True
+    """ZeRO-3: fetch each decoder layer as one unit (``repro.workers.zero3_leaf``); False: stock hooks."""
+
+    def __post_init__(self) -> None:
+        _choice(self, "zero_stage", ZERO_STAGES)
+        _choice(self, "offload", OFFLOAD_CHOICES)
+        _choice(self, "model_dtype", MODEL_DTYPES)
+
+
+CHECKPOINT_REQUIRED = ("model", "optimizer", "extra")
+
+
+CHECKPOINT_SAVE_CONTENTS = CHECKPOINT_REQUIRED + ("hf_model",)
+
+
+CHECKPOINT_LOAD_CONTENTS = CHECKPOINT_REQUIRED
+
+
+@dataclass
+class CheckpointConfig:
+    save_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a checkpoint holds (DeepSpeed saves model and optimizer together)."""
+    load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
+    """What a resume loads."""
+
+    def __post_init__(self) -> None:
+        # DeepSpeed writes and reads model, optimizer (LR scheduler inside) and our extra (RNG,
+        # data position) as one exact-resume unit; a partial save or load would resume wrongly.
+        for name, valid in (("save_contents", CHECKPOINT_SAVE_CONTENTS), ("load_contents", CHECKPOINT_LOAD_CONTENTS)):
+            value = list(getattr(self, name))
+            for key in value:
+                _choice(self, name, valid, key)
+            missing = [k for k in CHECKPOINT_REQUIRED if k not in value]
+            if missing:
+                _fail(self, name, f"must include {missing}: DeepSpeed saves and loads model, optimizer and the "
+                      f"resume state together here; valid values: {list(valid)}", value)
+
+
+def _env_flag(environ: dict[str, str], name: str) -> bool | None:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        return None
+    if raw not in ("0", "1"):
+        raise ValueError(f"environment variable {name}={raw!r} must be 0 or 1")
+    return raw == "1"
+
+
+def resolve_env_knobs(ds: DeepSpeedConfig, environ: dict[str, str] | None = None) -> DeepSpeedConfig:
+    """Fill the knobs left at None from the DeepSpeed environment variables (read once, here)."""
+    environ = dict(os.environ) if environ is None else environ
+    if ds.param_offload is None:
+        ds.param_offload = bool(_env_flag(environ, ENV_PARAM_OFFLOAD))
+    if ds.fp32_grad_accum is None:
+        ds.fp32_grad_accum = bool(_env_flag(environ, ENV_FP32_ACCUM))
+    if ds.step_each_micro is None:
+        ds.step_each_micro = bool(_env_flag(environ, ENV_STEP_EACH_MICRO))
+    return ds
