@@ -29,7 +29,7 @@ from repro.advantages import compute_advantage
 from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
-from repro.config_loader import fill_optimizer_steps
+from repro.config_rules import fill_optimizer_steps
 from repro.interrupts import ignore_signals, mark_interrupted
 from repro.metrics import (
     MetricsLog,

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from repro.algorithms import agg_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
-from repro.config_loader import check_inactive_skip
+from repro.config_rules import check_inactive_skip
 from repro.distributed import init_distributed
 from repro.policy_losses import compute_policy_loss_by_mode
 from repro.workers import checkpoint, lora, ulysses

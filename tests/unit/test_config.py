@@ -15,8 +15,8 @@ from repro.config_loader import (
     close_matches,
     config_keys,
     load_config,
-    validate_run_config,
 )
+from repro.config_rules import validate_run_config
 from tests.pr_commands import all_pr_commands
 
 PR_COMMANDS = all_pr_commands()
