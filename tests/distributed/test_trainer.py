@@ -82,9 +82,10 @@ def _check_outputs(run_dir: Path, steps: int, required: tuple[str, ...]) -> list
 
 def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path):
     out = tmp_path / "grpo"
-    _run("grpo_tiny", ["trainer.total_training_steps=3", "trainer.test_freq=3", "trainer.save_freq=-1",
+    # Two steps: a metrics row per step, validation before training and at the last step.
+    _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
                        f"trainer.output_dir={out}"], tmp_path)
-    rows = _check_outputs(out, 3, ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
+    rows = _check_outputs(out, 2, ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
                                    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
                                    "perf/max_memory_reserved_gb"))
     assert "critic/vf_loss" not in rows[0] and "timing_s/values" not in rows[0]
@@ -92,15 +93,15 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path):
     # Validation before training runs on the warm-started policy (~0.3 greedy accuracy), not on
     # the rollout copy's initial weights: a missing weight sync shows up as ~0 here.
     assert read_summary(out / "summary.tsv")["val_before_train"] > 0.1
-    assert "finished 3 step(s)" in (out / "train.log").read_text()
+    assert "finished 2 step(s)" in (out / "train.log").read_text()
 
 
 def test_ppo_run_trains_actor_and_critic(tmp_path):
     out = tmp_path / "ppo"
-    _run("ppo_tiny", ["trainer.total_training_steps=3", "trainer.test_freq=-1", "trainer.save_freq=-1",
+    _run("ppo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
                       "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
                       "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path)
-    _check_outputs(out, 3, ("actor/pg_loss", "critic/vf_loss", "critic/values/mean", "critic/returns/mean",
+    _check_outputs(out, 2, ("actor/pg_loss", "critic/vf_loss", "critic/values/mean", "critic/returns/mean",
                             "critic/grad_norm", "timing_s/values", "timing_s/update_critic"))
 
 
@@ -117,7 +118,8 @@ def _wait_for_checkpoint(proc: subprocess.Popen, marker: Path, step: int, timeou
 
 @pytest.mark.slow  # three real jobs (two at once): about 90-105 s on 2 cores
 def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
-    common = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1"]
+    # Killed after the step-2 checkpoint; the resumed run does step 3 (and saves at the last step).
+    common = ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # The uninterrupted reference runs alongside the run that gets killed (start-up dominates).
     reference = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={straight}"]), cwd=ROOT,
@@ -140,8 +142,8 @@ def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
     assert "resumed from" in (resumed / "train.log").read_text()
     a = MetricsLog(straight / "metrics.tsv").rows
     b = MetricsLog(resumed / "metrics.tsv").rows
-    assert [r["step"] for r in b] == [1, 2, 3, 4]
-    assert [r["step"] for r in a] == [1, 2, 3, 4]
+    assert [r["step"] for r in b] == [1, 2, 3]
+    assert [r["step"] for r in a] == [1, 2, 3]
     for ra, rb in zip(a, b, strict=True):
         for key in DETERMINISTIC:
             assert ra[key] == rb[key], f"step {ra['step']} {key}: uninterrupted {ra[key]} vs resumed {rb[key]}"
