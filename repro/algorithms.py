@@ -14,13 +14,19 @@ from typing import NamedTuple
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
+_BASE_KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# "<kind>+": the value of <kind>, the gradient of k2 (straight-through; verl's unbiased KL gradient).
+KL_KINDS = _BASE_KL_KINDS + tuple(k + "+" for k in _BASE_KL_KINDS)
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """Sum of ``values`` where ``mask`` is 1."""
-    prod = values * mask
+    """Sum of ``values`` where ``mask`` is 1.
+
+    Entries outside the mask are selected away, not multiplied by 0: a NaN or inf there (a padded
+    position's log-prob, say) would otherwise poison the sum, as ``nan * 0`` is NaN (verl does the same).
+    """
+    prod = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)) * mask
     return prod.sum() if dim is None else prod.sum(dim=dim)
 
 
@@ -62,6 +68,13 @@ def agg_loss(
     - ``token-mean``: sum over all unmasked tokens / number of those tokens.
     - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
     - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
+    - ``token-sum``: sum over all unmasked tokens (no denominator).
+    - ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` over the padded response width
+      (Dr. GRPO's constant normaliser; verl's default ``loss_scale_factor``).
+
+    The seq-mean modes count only sequences with at least one unmasked token (verl: an empty,
+    aborted response does not dilute the mean). An all-masked batch gives 0 where verl's local
+    count gives 0/0 = NaN: a rank's micro-batch may legitimately hold no response token.
 
     ``token_denominator`` / ``seq_denominator`` replace the local counts (the mini-batch's
     global counts, when this batch is one micro-batch of it).
@@ -69,11 +82,18 @@ def agg_loss(
     if loss_agg_mode == "token-mean":
         denom = loss_mask.sum().clamp(min=1) if token_denominator is None else token_denominator
         return masked_sum(loss_mat, loss_mask) / denom
+    if loss_agg_mode == "token-sum":
+        return masked_sum(loss_mat, loss_mask)
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return agg_loss(loss_mat, loss_mask, "seq-mean-token-sum", seq_denominator=seq_denominator) / loss_mask.shape[-1]
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
         seq_losses = masked_sum(loss_mat, loss_mask, dim=-1)
         if loss_agg_mode == "seq-mean-token-mean":
             seq_losses = seq_losses / loss_mask.sum(dim=-1).clamp(min=1)
-        denom = seq_losses.shape[0] if seq_denominator is None else seq_denominator
+        if seq_denominator is None:
+            denom = (loss_mask.sum(dim=-1) > 0).sum().clamp(min=1)
+        else:
+            denom = seq_denominator
         return seq_losses.sum() / denom
     raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not valid; choose one of {list(LOSS_AGG_MODES)}")
 
@@ -87,8 +107,9 @@ def compute_grpo_outcome_advantage(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO: each response's total reward minus its prompt group's mean (over the group's std).
 
-    ``index[i]`` names the prompt of sample ``i``. A group of one sample gets advantage 0
-    (mean = its score, std taken as 1). Returns ``(advantages, returns)``, equal, ``[B, R]``.
+    ``index[i]`` names the prompt of sample ``i``. A group of one sample is scored against mean 0
+    and std 1, as in verl, so with ``rollout.n=1`` the advantage is the raw score and the policy
+    still learns. Returns ``(advantages, returns)``, equal, ``[B, R]``.
     """
     scores = token_level_rewards.sum(dim=-1)
     keys = index.tolist() if isinstance(index, torch.Tensor) else list(index)
@@ -100,13 +121,11 @@ def compute_grpo_outcome_advantage(
     mean = torch.zeros_like(scores)
     std = torch.ones_like(scores)
     for members in groups.values():
-        idx = torch.tensor(members)
         if len(members) > 1:
+            idx = torch.tensor(members)
             group_scores = scores[idx]
             mean[idx] = group_scores.mean()
             std[idx] = group_scores.std()
-        else:
-            mean[idx] = scores[idx]
     centred = scores - mean
     if norm_adv_by_std_in_grpo:
         centred = centred / (std + epsilon)
@@ -213,7 +232,9 @@ def compute_value_loss(
     seq_denominator: float | torch.Tensor | None = None,
 ) -> ValueLoss:
     """0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), aggregated."""
-    clipped_preds = values + torch.clamp(vpreds - values, -cliprange_value, cliprange_value)
+    # Clamp the prediction itself: ``values + clamp(vpreds - values)`` rounds an unclipped
+    # prediction off by an ulp, and the clip fraction would count that as clipping.
+    clipped_preds = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
     losses = (vpreds - returns) ** 2
     clipped_losses = (clipped_preds - returns) ** 2
     token_losses = torch.maximum(losses, clipped_losses)
@@ -224,7 +245,15 @@ def compute_value_loss(
 
 
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> torch.Tensor:
-    """Per-token KL estimate between the policy and the reference (Schulman's k1/k2/k3)."""
+    """Per-token KL estimate between the policy and the reference (Schulman's k1/k2/k3).
+
+    A ``+`` suffix keeps the estimate's value but takes k2's gradient (straight-through): k1 and
+    k3 estimate the KL without bias, but their gradients do not estimate its gradient; k2's does.
+    """
+    if kind.endswith("+") and kind in KL_KINDS:
+        value = kl_penalty(logprob, ref_logprob, kind[:-1])
+        k2 = 0.5 * (logprob - ref_logprob).square()
+        return k2 - k2.detach() + value.detach()
     diff = logprob - ref_logprob
     if kind in ("kl", "k1"):
         return diff

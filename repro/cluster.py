@@ -32,6 +32,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro import placement, shared_storage
 from repro.config import RunConfig
+from repro.devices import on_cpu
+from repro.interrupts import reclaim_sigterm
+from repro.worker_errors import WorkerError, gather
 
 log = logging.getLogger("repro.trainer")
 
@@ -48,14 +51,13 @@ def use_gpu(cfg: RunConfig) -> bool:
     """Whether ranks get GPUs: ``trainer.device``, or auto = CUDA visible on the driver."""
     device = cfg.trainer.device
     if device == "auto":
-        import torch
-
-        return torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR", "").lower() != "cpu"
+        return not on_cpu()
     return device == "cuda"
 
 
 def start_ray(cfg: RunConfig) -> None:
-    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``."""
+    """``ray.init`` once: local (explicit CPUs, no dashboard) or ``trainer.ray_address``
+    (``nnodes>1`` needs the latter; the alive nodes are checked by ``WorkerGroup``)."""
     if ray.is_initialized():
         return
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False}
@@ -71,6 +73,7 @@ def start_ray(cfg: RunConfig) -> None:
     if address and "num_cpus" in cfg.ray_kwargs.ray_init:
         raise ValueError("ray_kwargs.ray_init.num_cpus cannot be set when joining a cluster (trainer.ray_address)")
     ray.init(**kwargs)
+    reclaim_sigterm()
 
 
 def _free_port() -> int:
@@ -158,10 +161,12 @@ class WorkerGroup:
         except BaseException:
             self.shutdown()
             raise
-        addr, port = ray.get(self.actors[0].address.remote())
+        addresses = ray.get([a.address.remote() for a in self.actors])
+        self.hosts = [ip for ip, _ in addresses]
+        addr, port = addresses[0]
         ray.get([a.set_master.remote(addr, port) for a in self.actors])
         # Workers build process groups in their constructors: every rank must start together.
-        ray.get([a.create.remote() for a in self.actors])
+        self._get([a.create.remote() for a in self.actors], "create")
         log.info("worker group: %d rank(s) on %d node(s) %s, %s, master %s:%d", self.world, self.nnodes,
                  [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
 
@@ -239,12 +244,16 @@ class WorkerGroup:
         return self._get([a.call.remote(method, *arg_refs, **kwargs) for a in self.actors], method)
 
     def _get(self, refs: list[Any], method: str) -> list[Any]:
-        """``ray.get``; a rank lost with its node becomes one ``NodeLostError`` line naming the node."""
+        """The ranks' results; a failed rank is one ``WorkerError`` line (``repro.worker_errors``),
+        a rank lost with its node one ``NodeLostError`` line naming the node."""
         try:
-            return ray.get(refs)
-        except ray.exceptions.RayError as e:
+            return gather(refs, method, self.hosts)
+        except WorkerError as e:
+            # A rank whose process ended while its raylet lived (killed, OOM) is named as such by Ray.
+            if e.died and "Worker exit type" in e.details:
+                raise
             # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
-            if not isinstance(e, ray.exceptions.RayActorError) and not self._some_rank_unreachable():
+            if not e.died and not self._some_rank_unreachable():
                 raise
             deadline = time.monotonic() + _NODE_DEATH_WAIT_S
             while True:

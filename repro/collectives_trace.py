@@ -15,7 +15,9 @@ through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``).
     python -m repro.collectives_trace analyze DIR [--json]
     python -m repro.collectives_trace export DIR --chrome trace.json
 
-``analyze`` reads our per-rank files (``rank*.jsonl``) or PyTorch Flight Recorder dumps.
+``launch`` also ends a job that hangs (``--stall-s``, default 30 s without progress) with the
+report and every rank's Python stack. ``analyze`` reads our per-rank files (``rank*.jsonl``) and
+PyTorch Flight Recorder dumps (alone, or beside our files for what ran below the Python API).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import pathlib
 import runpy
 import sys
+import time
 from collections.abc import Iterator
 
 from repro.collectives import record
@@ -123,13 +126,35 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     """The traces of a directory and their first divergence.
 
     A failure the live check recorded wins (it saw both ranks' calls before they ran);
-    otherwise the per-rank sequences are aligned.
+    otherwise the per-rank sequences are aligned; when they agree, a rank without a record or a
+    call that never returned is the finding (:mod:`repro.collectives.incomplete`).
     """
+    from repro.collectives.incomplete import incomplete
+    from repro.collectives.p2p import p2p_mismatch
+    from repro.collectives.splits import trace_split_mismatch
+
     traces = load_traces(directory)
     for t in sorted(traces.values(), key=lambda t: t.rank):
         if t.check_failures:
             return traces, divergence_from_json(t.check_failures[0]["report"])
-    return traces, first_divergence(traces)
+    found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
+    if found:
+        return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+    below = _below_python(pathlib.Path(directory), traces)
+    return traces, below or incomplete(traces)
+
+
+def _below_python(directory: pathlib.Path, traces: dict[int, RankTrace]) -> Divergence | None:
+    """Flight Recorder dumps beside our records: a divergence in what ran below the Python API."""
+    if traces and next(iter(traces.values())).meta.get("format") == "flight_recorder":
+        return None  # the records are the dumps themselves
+    dumps = read_dump_dir(directory)
+    div = first_divergence(dumps) if len(dumps) >= 2 else None
+    if div is not None:
+        div.source = (
+            "Flight Recorder (collectives run below the Python API: DDP, FSDP2, ProcessGroup methods)"
+        )
+    return div
 
 
 def _summary(traces: dict[int, RankTrace]) -> str:
@@ -156,6 +181,12 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             if div
             else "No divergence: every group's ranks issued the same collectives."
         )
+        if div is None:
+            from repro.collectives.align import first_site_difference
+
+            note = first_site_difference(traces)
+            if note:
+                print(note)
     return 1 if div else 0
 
 
@@ -169,7 +200,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, launch
+    from repro.collectives.launch import Target, launch, log_tail
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -177,19 +208,46 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         rest = rest[1:]
     target = Target.parse(rest)
     out = pathlib.Path(args.out)
-    codes = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s)
+    result = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s, args.stall_s)
+    codes = result.codes
     traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
-    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    if result.interrupted is not None:
+        import signal
+
+        print(
+            f"interrupted by {signal.Signals(result.interrupted).name}: every rank stopped; what was recorded:"
+        )
+    if result.stalled_s is not None:
+        print(
+            f"no rank made progress for {result.stalled_s:.0f} s with a call outstanding: the job hangs; "
+            "ranks stopped"
+        )
     if div is not None:
         print(format_divergence(div))
+    for rank, stack in sorted(result.stacks.items()):
+        if stack.strip():
+            print(f"\nPython stacks of rank {rank} when it was stopped:\n{stack.rstrip()}")
+    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    own = [r for r in failed if r not in result.killed]
+    for r in own:
+        # A rank that failed on its own before recording anything: its traceback is the story.
+        if div is None or r not in traces or not traces[r].calls:
+            print(
+                f"\nrank {r} failed ({_exit(codes[r])}); end of {out / f'rank{r}.log'}:\n{log_tail(out, r)}"
+            )
     if failed:
         print(
             "ranks that failed: "
-            + ", ".join(f"rank {r} ({_exit(c)})" for r, c in failed.items())
+            + ", ".join(
+                f"rank {r} ({_exit(c)}{', stopped by the launcher' if r in result.killed else ''})"
+                for r, c in failed.items()
+            )
             + f"; logs in {out}"
         )
     elif div is None:
         print(f"all {len(codes)} ranks exited 0; no divergence ({_summary(traces)})")
+    if result.interrupted is not None:
+        return 128 + int(result.interrupted)
     return 1 if (failed or div is not None) else 0
 
 
@@ -201,16 +259,43 @@ def _exit(code: int) -> str:
     return f"exit code {code}"
 
 
+def _run_target(args: argparse.Namespace):  # -> launch.Target
+    from repro.collectives.launch import Target
+
+    if args.module:
+        return Target(args.module[0], tuple(args.module[1:]), module=True)
+    return Target(args.script, tuple(args.args))
+
+
+def _check_run(args: argparse.Namespace) -> None:
+    """One clear line (ValueError) before the script starts: no trace directory, or no such target."""
+    if not os.environ.get(ENV_DIR):
+        raise ValueError(
+            f"run traces into the directory named by {ENV_DIR}, which is not set; "
+            f"set it ({ENV_DIR}=trace/) or use 'launch', which sets it"
+        )
+    _run_target(args).check()
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    from repro.collectives import live_fr
+    from repro.collectives.watch import register_stack_dump
+
+    target = _run_target(args)
+    register_stack_dump()
+    live_fr.start(os.environ[ENV_DIR])
     install_from_env()
-    if args.module is not None:
-        module, *rest = args.module
+    sys.argv = [target.name, *target.args]
+    if target.module:
         # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
-        sys.argv = [module, *rest]
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-        return 0
-    sys.argv = [args.script, *args.args]
-    runpy.run_path(args.script, run_name="__main__")
+        runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+    else:
+        # As plain python does: the script's folder first on sys.path, so modules beside it import.
+        sys.path[0] = os.path.dirname(os.path.abspath(target.name))
+        runpy.run_path(target.name, run_name="__main__")
+    tracer = record.active()
+    if tracer is not None:
+        tracer.write_event({"ev": "end", "t": time.time()})  # the hang watch: this rank waits for no one
     return 0
 
 
@@ -227,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument(
         "--grace-s", type=float, default=5.0, help="after a rank fails, seconds before the rest are killed"
     )
+    la.add_argument(
+        "--stall-s",
+        type=float,
+        default=30.0,
+        help="end the job as hung after this many seconds without progress on any rank (0: never)",
+    )
     la.add_argument("target", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS] or -- -m MODULE [ARGS]")
     an = sub.add_parser("analyze", help="report the first divergence of a trace directory")
     an.add_argument("dir")
@@ -239,8 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="run SCRIPT (or -m MODULE) in this process with tracing from the environment (for torchrun)",
     )
     # -m takes the rest of the line, as python's does: ``run -m MODULE [ARGS]``.
-    ru.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE [ARGS]",
-                    help="-m MODULE [ARGS]: run a module as 'python -m' does")
+    ru.add_argument(
+        "-m",
+        dest="module",
+        nargs=argparse.REMAINDER,
+        metavar="MODULE [ARGS]",
+        help="-m MODULE [ARGS]: run a module as 'python -m' does",
+    )
     ru.add_argument("script", nargs="?", help="SCRIPT [ARGS]: run a script file")
     ru.add_argument("args", nargs=argparse.REMAINDER)
     return p
@@ -252,6 +348,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "run":
         if (args.module is None) == (args.script is None) or args.module == []:
             parser.error("run needs either SCRIPT [ARGS] or -m MODULE [ARGS]")
+        try:
+            _check_run(args)
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
         return _cmd_run(args)  # the script's own exceptions must surface unchanged
     handler = {"launch": _cmd_launch, "analyze": _cmd_analyze, "export": _cmd_export}[args.cmd]
     try:

@@ -16,9 +16,12 @@ from typing import Any
 ZERO_STAGES = (1, 2, 3)
 OFFLOAD_CHOICES = ("none", "cpu", "nvme", "auto")
 MODEL_DTYPES = ("auto", "bfloat16", "float32")
-ADV_ESTIMATORS = ("grpo", "gae")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean")
-KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# Mirrors repro.advantages.ADV_ESTIMATORS (config sits below it in the import order).
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
+                  "grpo_passk")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
+KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") + tuple(
+    k + "+" for k in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
 WARMUP_STYLES = ("constant", "cosine", "linear")
 ROLLOUT_NAMES = ("hf", "vllm")
 REWARD_KWARGS = ("method", "format_score", "score")
@@ -139,11 +142,18 @@ class DeepSpeedConfig:
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
     torch_adam: bool | None = None
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
+    zero3_leaf_modules: bool = True
+    """ZeRO-3: fetch each decoder layer as one unit (``repro.workers.zero3_leaf``); False: stock hooks."""
 
     def __post_init__(self) -> None:
         _choice(self, "zero_stage", ZERO_STAGES)
         _choice(self, "offload", OFFLOAD_CHOICES)
         _choice(self, "model_dtype", MODEL_DTYPES)
+
+
+CHECKPOINT_REQUIRED = ("model", "optimizer", "extra")
+CHECKPOINT_SAVE_CONTENTS = CHECKPOINT_REQUIRED + ("hf_model",)
+CHECKPOINT_LOAD_CONTENTS = CHECKPOINT_REQUIRED
 
 
 @dataclass
@@ -152,6 +162,18 @@ class CheckpointConfig:
     """What a checkpoint holds (DeepSpeed saves model and optimizer together)."""
     load_contents: list[str] = field(default_factory=lambda: ["model", "optimizer", "extra"])
     """What a resume loads."""
+
+    def __post_init__(self) -> None:
+        # DeepSpeed writes and reads model, optimizer (LR scheduler inside) and our extra (RNG,
+        # data position) as one exact-resume unit; a partial save or load would resume wrongly.
+        for name, valid in (("save_contents", CHECKPOINT_SAVE_CONTENTS), ("load_contents", CHECKPOINT_LOAD_CONTENTS)):
+            value = list(getattr(self, name))
+            for key in value:
+                _choice(self, name, valid, key)
+            missing = [k for k in CHECKPOINT_REQUIRED if k not in value]
+            if missing:
+                _fail(self, name, f"must include {missing}: DeepSpeed saves and loads model, optimizer and the "
+                      f"resume state together here; valid values: {list(valid)}", value)
 
 
 @dataclass
@@ -163,13 +185,53 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     """Activation checkpointing in the transformer blocks."""
     use_remove_padding: bool = False
-    """Accepted for verl compatibility; padded batches are used here (no effect)."""
+    """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
     """Passed to ``from_pretrained``."""
     external_lib: str | None = None
     """Module imported before the model is built (custom architectures)."""
     override_config: dict[str, Any] = field(default_factory=dict)
     """Keys set on the Hugging Face model config (e.g. ``attn_implementation``)."""
+    lora_rank: int = 0
+    """LoRA rank (0: full fine-tuning); the actor trains peft adapters only (repro.workers.lora)."""
+    lora_alpha: int = 16
+    """LoRA scaling numerator (adapter update scaled by lora_alpha / lora_rank)."""
+    target_modules: Any = "all-linear"
+    """Modules that get adapters: ``all-linear`` or a list of module names (peft's target_modules)."""
+    exclude_modules: Any = None
+    """Modules never adapted (peft's exclude_modules), or None."""
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")
+        if self.lora_rank and self.lora_alpha <= 0:
+            _fail(self, "lora_alpha", "must be > 0")
+
+
+# Mirrors repro.policy_losses.POLICY_LOSS_MODES (config sits below it in the import order).
+POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    """vanilla (PPO clip + dual clip), gspo, gpg, cispo, geo_mean, clip_cov or kl_cov (verl's names)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: share of tokens whose gradient is dropped."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: lower covariance bound of the candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: upper covariance bound of the candidates."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: share of tokens that get the |log-ratio| penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: weight of that penalty."""
+
+    def __post_init__(self) -> None:
+        _choice(self, "loss_mode", POLICY_LOSS_MODES)
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                _fail(self, name, "must be in (0, 1]")
 
 
 @dataclass
@@ -218,6 +280,7 @@ class ActorConfig:
     """Skip backward for micro-batches with no response tokens; allowed only at world size 1."""
     unsafe_allow_skip_in_data_parallel: bool = False
     """Allow the skip above in multi-rank data parallel (reproduces the historical ZeRO-2 hang)."""
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     deepspeed: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -376,7 +439,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda."""
     adv_estimator: str = "gae"
-    """gae (PPO with a critic) or grpo (group-normalised outcome rewards)."""
+    """gae (PPO with a critic), grpo (group-normalised outcome rewards) or another of verl's outcome
+    estimators: rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's standard deviation."""
     use_kl_in_reward: bool = False
@@ -452,8 +516,8 @@ class DataConfig:
 class TrainerConfig:
     project_name: str = "repro"
     """Group name of the run (logs, output directory)."""
-    experiment_name: str = "grpo_tiny_arith"
-    """Name of the run."""
+    experiment_name: str = "ppo_trainer"
+    """Name of the run (each preset sets its own, so that two presets never share run folders)."""
     logger: list[str] = field(default_factory=lambda: ["console"])
     """console and/or file; other verl loggers are accepted and ignored with a warning."""
     n_gpus_per_node: int = 2
@@ -482,6 +546,8 @@ class TrainerConfig:
     """auto (latest checkpoint if any), disable, or resume_path."""
     resume_from_path: str | None = None
     """Checkpoint directory to resume from with resume_mode=resume_path."""
+    allow_config_change: list[str] = field(default_factory=list)
+    """Keys (or sections) allowed to differ from the checkpoint's run with resume_mode=resume_path."""
     max_actor_ckpt_to_keep: int | None = 2
     """Actor checkpoints kept on disk (None keeps all)."""
     max_critic_ckpt_to_keep: int | None = 2
@@ -503,6 +569,8 @@ class TrainerConfig:
         _choice(self, "device", DEVICES)
         _choice(self, "resume_mode", ("auto", "disable", "resume_path"))
         _choice(self, "progress", ("auto", "bar", "plain"))
+        if self.allow_config_change and self.resume_mode != "resume_path":
+            _fail(self, "allow_config_change", "needs trainer.resume_mode=resume_path and trainer.resume_from_path")
         if self.total_training_steps is not None:
             _positive(self, "total_training_steps")
 
@@ -570,7 +638,6 @@ def ref_policy_used(cfg: RunConfig) -> bool:
 # non-default value gives one warning each; the reason says why it is ignored.
 NO_EFFECT_KEYS: dict[str, str] = {
     "trainer.use_legacy_worker_impl": "repro has a single worker implementation",
-    "actor_rollout_ref.model.use_remove_padding": "workers train on padded batches with attention masks",
     "actor_rollout_ref.rollout.mode": "the hf rollout is synchronous",
     "actor_rollout_ref.rollout.load_format": "vLLM only",
     "actor_rollout_ref.rollout.max_num_seqs": "vLLM only",
@@ -579,7 +646,6 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.max_model_len": "vLLM only",
     "actor_rollout_ref.rollout.enforce_eager": "vLLM only",
     "actor_rollout_ref.rollout.free_cache_engine": "vLLM only",
-    "critic.model.use_remove_padding": "workers train on padded batches with attention masks",
     "reward.num_workers": "rewards are computed on the driver",
     "data.return_raw_chat": "prompts are rendered by the driver",
     "data.val_batch_size": "validation runs the whole set in one pass",

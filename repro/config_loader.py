@@ -28,6 +28,7 @@ from typing import Any
 from repro import config as C
 from repro.batching import ROLE_PREFIXES, plan_role_batch
 from repro.config import NO_EFFECT_KEYS, ConfigFieldError, RunConfig, critic_enabled, ref_policy_used
+from repro.ds_config import resolve_offload
 from repro.presets import PRESETS
 
 # `ppo_trainer` is the verl-shaped root; each preset is `ppo_trainer` plus its override list
@@ -198,7 +199,7 @@ def load_config(
         cfg.actor_rollout_ref.ref.deepspeed,
     ):
         C.resolve_env_knobs(ds, environ)
-    _fill_optimizer_steps(cfg)
+    fill_optimizer_steps(cfg)
     for note in notes:
         warnings.warn(note, ConfigWarning, stacklevel=2)
     return cfg
@@ -296,15 +297,18 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
     arr = cfg.actor_rollout_ref
     use_critic = critic_enabled(cfg)
 
-    roles = [("actor", arr.actor.ulysses_sequence_parallel_size)]
-    if use_critic:
-        roles.append(("critic", cfg.critic.ulysses_sequence_parallel_size))
-    for role, sp in roles:
-        if sp != 1:
-            raise ValueError(
-                f"{ROLE_PREFIXES[role]}.ulysses_sequence_parallel_size={sp}: Ulysses sequence "
-                "parallelism is not implemented for the DeepSpeed workers; set it to 1"
-            )
+    sps = {arr.actor.ulysses_sequence_parallel_size, cfg.critic.ulysses_sequence_parallel_size if use_critic else 1}
+    if len(sps - {1}) > 1:
+        # DeepSpeed's SP groups (parallel_state_sp) are process-wide: one SP size per process.
+        raise ValueError(
+            f"actor_rollout_ref.actor.ulysses_sequence_parallel_size={arr.actor.ulysses_sequence_parallel_size} and "
+            f"critic.ulysses_sequence_parallel_size={cfg.critic.ulysses_sequence_parallel_size}: roles that use "
+            "sequence parallelism must use the same size (or 1)"
+        )
+
+    if use_critic and cfg.critic.model.lora_rank:
+        raise ValueError(f"critic.model.lora_rank={cfg.critic.model.lora_rank}: LoRA is implemented for the "
+                         "actor only (actor_rollout_ref.model.lora_rank); set critic.model.lora_rank=0")
 
     if cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is False:
         raise ValueError(
@@ -316,24 +320,21 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             "critic.enable=True with algorithm.adv_estimator=grpo: the critic is trained but GRPO "
             "advantages do not use its values"
         )
+    if cfg.algorithm.adv_estimator == "grpo_passk" and arr.rollout.n < 2:
+        raise ValueError(
+            f"algorithm.adv_estimator=grpo_passk needs actor_rollout_ref.rollout.n >= 2 (it compares the best "
+            f"two samples of each prompt), got {arr.rollout.n}"
+        )
     if cfg.algorithm.adv_estimator == "grpo" and arr.rollout.n == 1:
         notes.append(
             "actor_rollout_ref.rollout.n=1 with algorithm.adv_estimator=grpo: each group has one "
-            "sample, so every advantage is 0; use rollout.n >= 2"
+            "sample, so (as in verl) its advantage is its raw score, without a baseline; use rollout.n >= 2"
         )
 
     for role in ("actor", "critic") if use_critic else ("actor",):
         plan_role_batch(cfg, role)
 
-    actor = arr.actor
-    world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-    if actor.skip_inactive_micro_batches and world > 1 and not actor.unsafe_allow_skip_in_data_parallel:
-        raise ValueError(
-            "actor_rollout_ref.actor.skip_inactive_micro_batches=True with world size "
-            f"{world}: ranks would issue different collectives (the ZeRO-2 hang); it is allowed only at "
-            "world size 1 (or with actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel=True to "
-            "reproduce the hang)"
-        )
+    check_inactive_skip(cfg, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes)
 
     if arr.rollout.name == "hf" and arr.rollout.tensor_model_parallel_size != 1:
         raise ValueError(
@@ -349,22 +350,13 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             raise ValueError(msg)
         notes.append(msg + " (a real run fails here)")
 
-    sections = [("actor_rollout_ref.actor.deepspeed", actor.deepspeed)]
+    sections = [("actor_rollout_ref.actor.deepspeed", arr.actor.deepspeed)]
     if use_critic:
         sections.append(("critic.deepspeed_config", cfg.critic.deepspeed_config))
     if ref_policy_used(cfg):
         sections.append(("actor_rollout_ref.ref.deepspeed", arr.ref.deepspeed))
     for path, ds in sections:
-        if ds.offload == "nvme":
-            if ds.zero_stage != 3:
-                raise ValueError(
-                    f"{path}.offload=nvme needs {path}.zero_stage=3 (ZeRO-Infinity), got "
-                    f"zero_stage={ds.zero_stage}; use {path}.offload=cpu at ZeRO-1/2"
-                )
-            if not ds.offload_dir:
-                raise ValueError(
-                    f"{path}.offload=nvme needs {path}.offload_dir (a directory on an NVMe drive)"
-                )
+        resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir, key=path)
 
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")
@@ -421,9 +413,36 @@ def _get(obj: Any, key: str) -> Any:
     return obj
 
 
-def _fill_optimizer_steps(cfg: RunConfig) -> None:
-    """Optimizer steps = RL steps x ppo_epochs x mini-batches per step, when the RL steps are known."""
-    steps = cfg.trainer.total_training_steps
+def check_inactive_skip(cfg: RunConfig, world_size: int) -> bool:
+    """Whether the inactive-micro-batch shortcut is on; refuses it in multi-rank data parallel.
+
+    Skipping backward for a micro-batch with no response tokens is a rank-local decision, so
+    ranks stop issuing the same collectives: in the historical ZeRO-2 hang rank 0 skipped its
+    backward and entered a 1-element all_reduce (the overflow check in ``step()``) while rank 1
+    was in a 440467456-element gradient all_reduce of its backward. The driver checks the
+    configured world size; each actor checks the one it really has.
+    """
+    actor = cfg.actor_rollout_ref.actor
+    if not actor.skip_inactive_micro_batches:
+        return False
+    if world_size > 1 and not actor.unsafe_allow_skip_in_data_parallel:
+        raise ValueError(
+            f"actor_rollout_ref.actor.skip_inactive_micro_batches=True with {world_size} data-parallel ranks: "
+            "a rank that skips a micro-batch's backward issues different collectives from its peers "
+            "(the ZeRO-2 hang: rank 0 in a 1-element all_reduce, rank 1 in a 440467456-element gradient "
+            "all_reduce). It is allowed only at world size 1; set "
+            "actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel=True only to reproduce that hang."
+        )
+    return True
+
+
+def fill_optimizer_steps(cfg: RunConfig, rl_steps: int | None = None) -> None:
+    """LR-schedule optimizer steps = RL steps x ppo_epochs x mini-batches per step, unless set.
+
+    ``rl_steps`` defaults to ``trainer.total_training_steps``; the trainer passes the count it
+    derives from the data when that key is unset.
+    """
+    steps = cfg.trainer.total_training_steps if rl_steps is None else rl_steps
     if steps is None:
         return
     roles = [("actor", cfg.actor_rollout_ref.actor)]

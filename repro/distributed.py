@@ -13,10 +13,7 @@ import os
 import torch
 import torch.distributed as dist
 
-
-def on_cpu() -> bool:
-    """True when DeepSpeed runs on its CPU accelerator (set ``DS_ACCELERATOR=cpu``)."""
-    return os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available()
+from repro.devices import on_cpu
 
 
 def disable_deepspeed_shm_op() -> None:

@@ -9,18 +9,12 @@ already carries the environment knobs (``repro.config.resolve_env_knobs``).
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from repro.batching import RoleBatchPlan
     from repro.config import DeepSpeedConfig, OptimConfig
-
-logger = logging.getLogger(__name__)
-
-# One warning per process for the ZeRO-1 offload downgrade (actor and critic both ask).
-_warned_zero1_offload = False
 
 # DeepSpeed prints a progress line every ``steps_per_print`` steps; the workers log their own.
 _STEPS_PER_PRINT = 10**9
@@ -42,15 +36,20 @@ class OffloadPlan:
     """Why the plan differs from what was asked, if it does."""
 
 
-def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_dir: str | None) -> OffloadPlan:
+def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_dir: str | None,
+                    key: str = "deepspeed") -> OffloadPlan:
     """The stage-aware offload rule shared by actor and critic.
 
-    ``auto`` means ``cpu``. ZeRO-1 never offloads (a warning, once per process); ZeRO-2 offloads
-    the optimizer; ZeRO-3 offloads the optimizer and, with ``param_offload``, the parameters.
+    ``auto`` means ``cpu``. ZeRO-1 and ZeRO-2 offload the optimizer; ZeRO-3 offloads the optimizer
+    and, with ``param_offload``, the parameters. ZeRO-1 differs from verl's seed, which turned
+    ZeRO-1 + cpu into no offload: DeepSpeed 0.19.8 builds one optimizer class for stages 1 and 2
+    (``DeepSpeedZeroOptimizer``), which offloads whenever ``offload_optimizer`` is set, and the
+    engine really holds its fp32 master partitions on the CPU then (read back in
+    ``tests/distributed/workers/test_placement.py``).
     ``nvme`` is ZeRO-Infinity: it needs ZeRO-3 and ``deepspeed.offload_dir``, else it is refused
-    (it is never turned into CPU offload behind the user's back).
+    (it is never turned into CPU offload behind the user's back). ``key`` is the config section
+    that errors name (e.g. ``critic.deepspeed_config``).
     """
-    global _warned_zero1_offload
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of [1, 2, 3]")
     if offload not in ("none", "cpu", "nvme", "auto"):
@@ -61,20 +60,15 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
     if device == "nvme":
         if zero_stage != 3:
             raise ValueError(
-                f"deepspeed.offload='nvme' needs deepspeed.zero_stage=3 (ZeRO-Infinity); got zero_stage={zero_stage}. "
-                "Use offload='cpu' at ZeRO-1/2 or set zero_stage=3."
+                f"{key}.offload=nvme needs {key}.zero_stage=3 (ZeRO-Infinity), got zero_stage={zero_stage}; "
+                f"use {key}.offload=cpu at ZeRO-1/2"
             )
         if not offload_dir:
-            raise ValueError("deepspeed.offload='nvme' needs deepspeed.offload_dir (a directory on an NVMe drive)")
+            raise ValueError(f"{key}.offload=nvme needs {key}.offload_dir (a directory on an NVMe drive)")
         return OffloadPlan("nvme", "nvme" if param_offload else "none", str(offload_dir), None)
-    if zero_stage == 1:
-        note = "ZeRO-1 does not offload: deepspeed.offload='cpu' is ignored (use zero_stage=2 or 3 to offload)"
-        if not _warned_zero1_offload:
-            logger.warning(note)
-            _warned_zero1_offload = True
-        return OffloadPlan("none", "none", None, note)
-    if zero_stage == 2:
-        note = "VERL_ENABLE_PARAM_OFFLOAD applies to ZeRO-3 only; ZeRO-2 offloads the optimizer" if param_offload else None
+    if zero_stage < 3:
+        note = (f"VERL_ENABLE_PARAM_OFFLOAD applies to ZeRO-3 only; ZeRO-{zero_stage} offloads the optimizer"
+                if param_offload else None)
         return OffloadPlan("cpu", "none", None, note)
     return OffloadPlan("cpu", "cpu" if param_offload else "none", None, None)
 
@@ -191,6 +185,15 @@ def build_ds_config(
         "steps_per_print": _STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
     }
+    if plan.sp > 1:
+        # Ulysses SP: given the SP mpu (repro.workers.ulysses), DeepSpeed's batch check counts
+        # data-parallel ranks only (world / sp), so its train_batch_size leaves sp out.
+        config["train_batch_size"] = int(plan.micro * plan.gas * plan.dp)
+        if ds.zero_stage == 3:
+            # ZeRO-3's default reduce-scatter path (stage3 __avg_scatter_grads) averages over the
+            # whole world without the SP correction that ZeRO-1/2 and this path apply: the update
+            # is 1/sp of the true one (pinned by test_stock_zero3_reduce_scatter_divides_the_update_by_sp).
+            zero["reduce_scatter"] = False
     if dtype == "bfloat16" and ds.fp32_grad_accum:
         config["data_types"] = {"grad_accum_dtype": "fp32"}
     if not trainable:

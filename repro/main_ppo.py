@@ -62,12 +62,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     from repro.config_loader import ConfigWarning, load_config
+    from repro.preflight import InputError, preflight
 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConfigWarning)
             config_name, overrides, notes = parse_argv(argv)
             cfg = load_config(overrides, config_name=config_name)
+            notes += preflight(cfg, dry=cfg.trainer.dry_run)
             plan = None
             if cfg.trainer.dry_run:
                 from repro.plan import effective_plan
@@ -93,17 +95,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(plan, sort_keys=True))
         return 0
 
-    from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+    from repro.interrupts import INTERRUPTED_EXIT
     from repro.placement import NodeLostError, PlacementError
+    from repro.run_claim import claim_run
+    from repro.worker_errors import WorkerError
 
     try:
-        out_dir = trainer.run(cfg)
-    except PlacementError as e:  # the cluster cannot hold the run as configured: a config error
+        with claim_run(cfg) as claim:  # a live holder or a changed config: refused before the heavy imports
+            from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
+
+            out_dir = trainer.run(cfg, claim)
+    except (InputError, PlacementError) as e:  # the inputs or the cluster cannot hold the run as configured
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except NodeLostError as e:
+    except (WorkerError, NodeLostError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        return INTERRUPTED_EXIT  # the trainer logged where the run stands and how to resume
     print(f"output: {out_dir}")
     return 0
 

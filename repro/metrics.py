@@ -60,11 +60,12 @@ def reduce_rank_metrics(per_rank: Iterable[Mapping[str, float]]) -> dict[str, fl
     return out
 
 
-def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None) -> dict[str, float]:
-    """``<prefix>/mean|max|min`` of ``values`` (over ``mask`` where given)."""
+def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None,
+                 empty: float = 0.0) -> dict[str, float]:
+    """``<prefix>/mean|max|min`` of ``values`` (over ``mask`` where given; ``empty`` when none is)."""
     v = values[mask.bool()] if mask is not None else values.reshape(-1)
     if v.numel() == 0:
-        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+        return {f"{prefix}/mean": empty, f"{prefix}/max": empty, f"{prefix}/min": empty}
     v = v.double()
     return {f"{prefix}/mean": v.mean().item(), f"{prefix}/max": v.max().item(), f"{prefix}/min": v.min().item()}
 

@@ -36,7 +36,7 @@ def resolve_on_cuda(cfg: RunConfig) -> bool:
     """trainer.device: cuda, cpu, or auto (what the workers decide: CUDA unless DS_ACCELERATOR=cpu or no GPU)."""
     if cfg.trainer.device != "auto":
         return cfg.trainer.device == "cuda"
-    from repro.distributed import on_cpu
+    from repro.devices import on_cpu
 
     return not on_cpu()
 
@@ -82,6 +82,16 @@ def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any
     return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, trainable=False)
 
 
+def _zero3_leaves(cfg: RunConfig, role: str, ds: Any) -> list[str] | None:
+    """The decoder layer classes a ZeRO-3 role fetches as leaf modules (None: not used or unknown)."""
+    if ds.zero_stage != 3 or not ds.zero3_leaf_modules:
+        return None
+    from repro.workers.zero3_leaf import leaf_names_for_path
+
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    return leaf_names_for_path(model.path)
+
+
 def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, Any]:
     """Everything a run would use, as JSON-ready data (``warnings`` holds the plan's own notes)."""
     from repro.ds_config import resolve_offload
@@ -94,6 +104,10 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             if role != "ref":
                 out["batch"][role] = None
             continue
+        if role == "ref" and cfg.actor_rollout_ref.model.lora_rank > 0:
+            # A LoRA actor is its own reference (adapters disabled): no engine of its own.
+            out[role] = {"enabled": True, "in_actor": True, "deepspeed": None}
+            continue
         ds = role_deepspeed_section(cfg, role)
         offload = resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir)
         if offload.note:
@@ -103,6 +117,7 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             "deepspeed": role_ds_config(cfg, role, on_cuda=on_cuda),
             "offload": dataclasses.asdict(offload),
             "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOB_FIELDS.items()},
+            "zero3_leaf_modules": _zero3_leaves(cfg, role, ds),
         }
         if role != "ref":
             out["batch"][role] = dataclasses.asdict(role_batch_plan(cfg, role))
@@ -122,6 +137,9 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
         if not section["enabled"]:
             lines.append(f"{role}: not used")
             continue
+        if section.get("in_actor"):
+            lines.append(f"{role}: the actor's base model with the LoRA adapters disabled (no engine of its own)")
+            continue
         zero = section["deepspeed"]["zero_optimization"]
         off = section["offload"]
         dtype = "bf16" if section["deepspeed"]["bf16"]["enabled"] else "fp32"
@@ -129,11 +147,14 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
             f"{role}: ZeRO-{zero['stage']}, offload optimizer={off['optimizer']} param={off['param']}, "
             f"{dtype}"
         )
+        if section.get("zero3_leaf_modules"):
+            text += f", ZeRO-3 leaf modules {','.join(section['zero3_leaf_modules'])}"
         batch = plan["batch"].get(role)
         if batch:
             text += (
                 f"; world={batch['world']} dp={batch['dp']} sp={batch['sp']} per-rank mini={batch['per_rank_mini']}"
-                f" micro={batch['micro']} GAS={batch['gas']} DeepSpeed train_batch_size={batch['train_batch_size']}"
+                f" micro={batch['micro']} GAS={batch['gas']}"
+                f" DeepSpeed train_batch_size={section['deepspeed']['train_batch_size']}"
                 f" mini-batches/step={batch['num_mini_batches']}" + (" (dynamic)" if batch["dynamic"] else "")
             )
         lines.append(text)

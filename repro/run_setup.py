@@ -5,8 +5,9 @@
   files (``repro.data.ensure_arith_parquet``), both cached under ``$REPRO_CACHE_DIR``.
 - The run directory is ``trainer.output_dir`` when given, else
   ``outputs/<experiment_name>_<timestamp>``. With ``trainer.resume_mode=auto`` the latest run
-  directory of the same experiment that did not finish is reused, so restarting a killed run
-  with the same command continues it in place.
+  directory of the same experiment that did not finish and holds a checkpoint is reused, so
+  restarting a killed run with the same command continues it in place (``repro.resume_check``
+  first makes sure it is the same run).
 - ``train.log`` receives every driver log line; ``config.yaml`` is the effective config.
 """
 
@@ -23,14 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from repro.checkpoint_store import MARKER, STEP_FORMAT, CheckpointStore
 from repro.config import RunConfig
 
 log = logging.getLogger("repro.trainer")
 
 TINY = "tiny"
 RUN_STATE = "run.json"
-LATEST = "latest_checkpointed_iteration.txt"
-STEP_DIR = "global_step_{}"
+LATEST = MARKER
+STEP_DIR = STEP_FORMAT
 
 
 def outputs_root() -> Path:
@@ -95,15 +97,8 @@ def write_run_state(run_dir: Path, **fields: Any) -> None:
 
 
 def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, int] | None:
-    """The step directory named by ``latest_checkpointed_iteration.txt`` (written last by a save)."""
-    marker = ckpt_dir / LATEST
-    if not marker.is_file():
-        return None
-    step = int(marker.read_text().strip())
-    path = ckpt_dir / STEP_DIR.format(step)
-    if not path.is_dir():
-        raise ValueError(f"{marker} names step {step} but {path} does not exist")
-    return path, step
+    """The newest complete checkpoint (by its manifest; the trainer verifies its files before loading)."""
+    return CheckpointStore(ckpt_dir).latest()
 
 
 def _new_run_dir(experiment: str) -> Path:
@@ -124,7 +119,9 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
         root = outputs_root()
         runs = sorted(p for p in root.iterdir() if p.is_dir() and _is_run_of(p.name, t.experiment_name)) \
             if root.is_dir() else []
-        unfinished = [p for p in runs if run_state(p).get("status") != "finished"]
+        # A folder without a checkpoint has nothing to continue (a run that failed early): never adopt it.
+        unfinished = [p for p in runs
+                      if run_state(p).get("status") != "finished" and latest_checkpoint(p / "checkpoints")]
         run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
     else:
         run_dir = _new_run_dir(t.experiment_name)

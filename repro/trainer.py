@@ -16,17 +16,21 @@ a checkpoint at step ``k`` computes the same steps ``k+1 ...`` as the run that n
 from __future__ import annotations
 
 import json
-import os
-import shutil
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 
 from repro import algorithms
+from repro.advantages import compute_advantage
+from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.config_loader import fill_optimizer_steps
+from repro.interrupts import ignore_signals, mark_interrupted
 from repro.metrics import (
     MetricsLog,
     StepReporter,
@@ -38,27 +42,29 @@ from repro.metrics import (
     timer,
     write_summary,
 )
+from repro.resume_check import describe_changes
 from repro.rl_batch import (
     KLController,
+    apply_kl_penalty,
     batch_metrics,
     concat_batches,
     decode_responses,
     score_responses,
     split_batch,
     split_list,
+    timing_per_token_ms,
     token_level_scores,
 )
+from repro.run_claim import Claim, claim_run
 from repro.run_setup import (
-    LATEST,
-    STEP_DIR,
     RunPaths,
-    choose_run_paths,
     resolve_builtin_assets,
     run_state,
     setup_logging,
     write_config_yaml,
     write_run_state,
 )
+from repro.worker_errors import WorkerError
 from repro.workers.hybrid import HybridWorker
 
 # What each worker call needs from the batch (the rest stays on the driver).
@@ -177,6 +183,8 @@ class PPOTrainer:
                 self._weights_stale = True
         row.update(batch_metrics(batch, scores, self.use_critic))
         row.update(timings)
+        row.update(timing_per_token_ms(batch, timings))
+        row["perf/cpu_memory_used_gb"] = psutil.virtual_memory().used / 2**30
         tokens = int(batch["attention_mask"].sum().item())
         row["perf/total_num_tokens"] = tokens
         row["perf/time_per_step"] = timings["timing_s/step"]
@@ -186,23 +194,17 @@ class PPOTrainer:
         return row
 
     def _rewards_and_advantages(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-        cfg, algo = self.cfg, self.cfg.algorithm
+        algo = self.cfg.algorithm
         mask = batch["response_mask"]
         out: dict[str, float] = {}
         rewards = batch["token_level_scores"]
         if algo.use_kl_in_reward:
-            kld = algorithms.kl_penalty(batch["old_log_probs"], batch["ref_log_prob"], algo.kl_penalty) * mask
-            rewards = rewards - self.kl_ctrl.value * kld
-            current_kl = algorithms.masked_mean(kld, mask, dim=-1).mean().item()
-            out["actor/reward_kl_penalty"] = current_kl
-            out["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
-            self.kl_ctrl.update(current_kl, n_steps=cfg.data.train_batch_size)
+            rewards, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, algo.kl_penalty)
+            out.update(kl_metrics)
         batch["token_level_rewards"] = rewards
-        if algo.adv_estimator == "grpo":
-            index = torch.arange(rewards.shape[0]) // self.n
-            adv, ret = algorithms.compute_grpo_outcome_advantage(rewards, mask, index, algo.norm_adv_by_std_in_grpo)
-        else:
-            adv, ret = algorithms.compute_gae_advantage_return(rewards, batch["values"], mask, algo.gamma, algo.lam)
+        adv, ret = compute_advantage(algo.adv_estimator, rewards, mask, torch.arange(rewards.shape[0]) // self.n,
+                                     values=batch.get("values"), gamma=algo.gamma, lam=algo.lam,
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
         batch["advantages"], batch["returns"] = adv, ret
         return out
 
@@ -224,21 +226,15 @@ class PPOTrainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self, step: int) -> None:
+        """Ranks write into a staging folder, then the driver adds its state and commits (manifest last)."""
         assert self.group is not None
-        ckpt = self.paths.ckpt_dir
-        step_dir = ckpt / STEP_DIR.format(step)
+        t = self.cfg.trainer
+        store = CheckpointStore(self.paths.ckpt_dir)
+        staging = store.begin(step)
         state = {"step": step, "kl_ctrl": self.kl_ctrl.state()}
-        self.group.execute_all_same("save_checkpoint", str(step_dir), step, state)
-        (step_dir / TRAINER_STATE).write_text(json.dumps(state, indent=1) + "\n")
-        # The marker goes last: a kill during the save leaves the previous checkpoint as latest.
-        tmp = ckpt / f".{LATEST}.tmp"
-        tmp.write_text(f"{step}\n")
-        os.replace(tmp, ckpt / LATEST)
-        keep = self.cfg.trainer.max_actor_ckpt_to_keep
-        if keep and keep > 0:
-            steps = sorted(int(p.name.rsplit("_", 1)[1]) for p in ckpt.glob("global_step_*") if p.is_dir())
-            for old in steps[:-keep]:
-                shutil.rmtree(ckpt / STEP_DIR.format(old), ignore_errors=True)
+        self.group.execute_all_same("save_checkpoint", str(staging), step, state)
+        write_json_atomic(staging / TRAINER_STATE, state)
+        step_dir = store.commit(step, keep={"actor": t.max_actor_ckpt_to_keep, "critic": t.max_critic_ckpt_to_keep})
         log.info("checkpoint saved: %s", step_dir)
 
     def load(self, step_dir: Path) -> int:
@@ -248,19 +244,39 @@ class PPOTrainer:
         self.kl_ctrl.load(state.get("kl_ctrl", {}))
         return int(state["step"])
 
+    def verified_checkpoint(self) -> Path | None:
+        """The checkpoint to resume from, verified against its manifest before any worker starts.
+
+        ``resume_path`` must name an intact checkpoint (``ValueError`` naming the bad files);
+        ``auto`` falls back past damaged ones, which are kept renamed (``CheckpointStore.resume``).
+        """
+        t, paths = self.cfg.trainer, self.paths
+        if t.resume_mode == "resume_path" and paths.resumed_from is not None:
+            CheckpointStore(paths.resumed_from.parent).check(paths.resumed_from)
+            return paths.resumed_from
+        if t.resume_mode != "auto":
+            return None
+        found = CheckpointStore(paths.ckpt_dir).resume()
+        for note in found.notes:
+            log.warning(note)
+        if found.notes:
+            write_run_state(paths.run_dir, resume_notes=found.notes)
+        return found.path
+
     # ---- the run ------------------------------------------------------------------------------
     def fit(self) -> Path:
         cfg, t, run_dir = self.cfg, self.cfg.trainer, self.paths.run_dir
         started = time.time()
         metrics = MetricsLog(run_dir / "metrics.tsv")
+        resume_from = self.verified_checkpoint()
         ckpt_key = "trainer.default_local_dir" if t.default_local_dir else "trainer.output_dir (its checkpoints/)"
         self.group = WorkerGroup(cfg, HybridWorker, cfg, shared_dirs=[(ckpt_key, self.paths.ckpt_dir)])
         start = 0
-        if self.paths.resumed_from is not None:
-            start = self.load(self.paths.resumed_from)
+        if resume_from is not None:
+            start = self.load(resume_from)
             dropped = metrics.truncate_after(start)
             log.info("resumed from %s (step %d); %d later metric row(s) dropped to be recomputed",
-                     self.paths.resumed_from, start, dropped)
+                     resume_from, start, dropped)
         else:
             metrics.truncate_after(0)
         fresh = {"val_before_train": None} if start == 0 else {}
@@ -305,28 +321,45 @@ def _f(x: Any) -> str:
     return f"{x:.4f}" if isinstance(x, float) else str(x)
 
 
-def _fill_optimizer_steps(cfg: RunConfig, rl_steps: int) -> None:
-    """Optimizer steps of the LR schedule = RL steps x epochs x mini-batches (unless already set)."""
-    from repro.batching import plan_role_batch
+def run(cfg: RunConfig, claim: Claim | None = None) -> Path:
+    """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs).
 
-    roles = [("actor", cfg.actor_rollout_ref.actor)] + ([("critic", cfg.critic)] if critic_enabled(cfg) else [])
-    for role, section in roles:
-        if section.optim.total_training_steps <= 0:
-            plan = plan_role_batch(cfg, role)
-            section.optim.total_training_steps = rl_steps * section.ppo_epochs * plan.num_mini_batches
-
-
-def run(cfg: RunConfig) -> Path:
-    """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs)."""
-    cfg = resolve_builtin_assets(cfg)
-    paths = choose_run_paths(cfg)
+    The run folder is claimed first (``repro.run_claim``: lock, same-run check; ``InputError``)
+    unless the caller did. Ctrl-C / SIGTERM end in ``KeyboardInterrupt`` after ``run.json`` says
+    ``interrupted``; a rank's failure in ``WorkerError`` (one line; the traceback is in ``train.log``).
+    """
+    if claim is None:
+        with claim_run(cfg) as claim:
+            return run(cfg, claim)
+    paths, lock, changes = claim.paths, claim.lock, claim.changes
     handler = setup_logging(paths.run_dir)
     try:
+        if lock.took_over:
+            log.warning("took over the stale run.lock of %s (that process is gone)", lock.took_over.describe())
+        if changes:
+            log.warning(describe_changes(changes))
+        cfg = resolve_builtin_assets(cfg)
         trainer = PPOTrainer(cfg, paths)
-        _fill_optimizer_steps(cfg, trainer.total_steps)
+        fill_optimizer_steps(cfg, trainer.total_steps)
         write_config_yaml(cfg, paths.run_dir / "config.yaml")
         return trainer.fit()
+    except (KeyboardInterrupt, SystemExit) as e:
+        # Ray's own SIGTERM handler calls sys.exit(SIGTERM) (cluster.start_ray puts ours back after it).
+        if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
+            raise
+        with ignore_signals():
+            shutdown_ray()
+            log.error(mark_interrupted(paths))
+        raise KeyboardInterrupt from None
+    except WorkerError as e:
+        log.debug("%s\n%s", e, e.details)
+        write_run_state(paths.run_dir, status="failed", error=str(e))
+        raise e.with_log(paths.run_dir / "train.log") from None
+    except Exception as e:
+        write_run_state(paths.run_dir, status="failed", error=f"{type(e).__name__}: {e}")
+        raise
     finally:
-        log.removeHandler(handler)
-        handler.close()
-        shutdown_ray()
+        with ignore_signals():
+            log.removeHandler(handler)
+            handler.close()
+            shutdown_ray()

@@ -11,7 +11,8 @@ The parent watches all ranks at once. The first rank that raises, exits non-zero
 signal fails the run: its peers are killed at once and :class:`RankFailure` carries every
 rank's output, each line tagged ``[rank N]``. A run that outlives ``timeout_s`` has the Python
 stacks of its live ranks dumped (faulthandler on ``SIGUSR1``) before they are killed, and
-raises :class:`RankTimeout`; only that test fails.
+raises :class:`RankTimeout`; only that test fails. :mod:`tests.rank_pool` runs the same tasks
+on warm ranks that take one task after another.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Any
 
-__all__ = ["RankFailure", "RankTimeout", "run_ranks"]
+__all__ = ["RankFailure", "RankTimeout", "check_task", "run_ranks"]
 
 _LOG_TAIL_LINES = 60
 _STACK_DUMP_WAIT_S = 3.0
@@ -55,6 +56,12 @@ def _rank_paths(run_dir: pathlib.Path, rank: int) -> dict[str, pathlib.Path]:
         "error": run_dir / f"rank{rank}.error.txt",
         "stack": run_dir / f"rank{rank}.stack.txt",
     }
+
+
+def rank_env(rank: int, world_size: int) -> dict[str, str]:
+    """The environment torch.distributed and DeepSpeed read in rank ``rank`` of a one-host job."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
 
 
 def _die_with_parent() -> None:
@@ -99,19 +106,10 @@ def _rank_main(
     stack_file = open(paths["stack"], "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "OMP_NUM_THREADS": "1",
-        }
-    )
+    os.environ.update(rank_env(rank, world_size))
     if backend == "nccl":
         # The root conftest sets DS_ACCELERATOR=cpu for CPU suites; NCCL ranks run DeepSpeed on
-        # CUDA (repro.distributed.on_cpu() is then False). CUDA_VISIBLE_DEVICES is left as given.
+        # CUDA (repro.devices.on_cpu() is then False). CUDA_VISIBLE_DEVICES is left as given.
         os.environ["DS_ACCELERATOR"] = "cuda"
         os.environ.update(_NCCL_ENV)
     else:
@@ -272,6 +270,18 @@ def _new_run_dir(tmp_path: pathlib.Path) -> pathlib.Path:
             i += 1
 
 
+def check_task(fn: Callable[..., Any], args: tuple, timeout_s: float) -> bytes:
+    """The pickled ``(fn, args)`` of a task, or ValueError when ranks could not run it."""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+    if getattr(fn, "__qualname__", "").count("<locals>") or getattr(fn, "__name__", "") == "<lambda>":
+        raise ValueError(f"fn must be a module-level function (spawned ranks import it by name), got {fn!r}")
+    try:
+        return pickle.dumps((fn, tuple(args)))
+    except Exception as exc:
+        raise ValueError(f"fn and args must be picklable to reach the spawned ranks: {exc}") from exc
+
+
 def run_ranks(
     fn: Callable[..., Any],
     world_size: int = 2,
@@ -305,26 +315,15 @@ def run_ranks(
         raise ValueError(f"backend={backend!r} is not supported; choose one of {list(BACKENDS)}")
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size}")
-    if timeout_s <= 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-    if getattr(fn, "__qualname__", "").count("<locals>") or getattr(fn, "__name__", "") == "<lambda>":
-        raise ValueError(f"fn must be a module-level function (spawned ranks import it by name), got {fn!r}")
-    try:
-        payload = pickle.dumps((fn, tuple(args)))
-    except Exception as exc:
-        raise ValueError(f"fn and args must be picklable to reach the spawned ranks: {exc}") from exc
+    payload = check_task(fn, args, timeout_s)
     env = {str(k): str(v) for k, v in (env or {}).items()}
 
     run_dir = _new_run_dir(pathlib.Path(tmp_path))
     rank_paths = [_rank_paths(run_dir, r) for r in range(world_size)]
     ctx = get_context("spawn")
     procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s), backend),
-            name=f"multirank-rank{r}",
-            daemon=True,
-        )
+        ctx.Process(target=_rank_main, name=f"multirank-rank{r}", daemon=True,
+                    args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s), backend))
         for r in range(world_size)
     ]
     start = time.monotonic()

@@ -108,8 +108,9 @@ def worker_batch_splits(draw, dp: int) -> dict:
     """One valid way to split an RL step for the DeepSpeed workers on ``dp`` ranks.
 
     Varies rollout.n, the mini-batch (and so the number of mini-batches per step), fixed or
-    token-budget micro-batches, the loss aggregation, the ZeRO stage and the batch's lengths.
+    token-budget micro-batches, every loss aggregation, the ZeRO stage and the batch's lengths.
     """
+    from repro.algorithms import LOSS_AGG_MODES
     n = draw(st.sampled_from([1, 2, 3]))
     mini = draw(st.sampled_from([m for m in (1, 2, 4) if (m * n) % dp == 0]))
     per_step = draw(st.integers(1, 2))
@@ -127,7 +128,7 @@ def worker_batch_splits(draw, dp: int) -> dict:
         "micro": micro,
         "dynamic": dynamic,
         "max_tokens": draw(st.integers(12, 30)),
-        "loss_agg_mode": draw(st.sampled_from(["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])),
+        "loss_agg_mode": draw(st.sampled_from(LOSS_AGG_MODES)),
         "stage": draw(st.sampled_from([1, 2, 3])),
         "seed": draw(st.integers(0, 10_000)),
     }

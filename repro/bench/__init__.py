@@ -1,5 +1,7 @@
-"""Benchmarks of the DeepSpeed backend; each runner is a module with its own CLI.
+"""Benchmarks of the DeepSpeed backend.
 
-- ``python -m repro.bench.workers``: ``update_policy`` throughput and peak memory per ZeRO case,
-  next to a bare DeepSpeed engine loop on the same model and batch.
+- ``python -m repro.bench six-case|crossover``: the seed's six-case ZeRO benchmark and ZeRO-1/2
+  crossover gate, each case a real training run (``rl_cases``), summarised by ``summary``.
+- ``python -m repro.bench.workers`` (or ``python -m repro.bench workers``): ``update_policy``
+  throughput and peak memory per ZeRO case, next to a bare DeepSpeed loop and FSDP2.
 """

@@ -1,18 +1,26 @@
-"""Worker benchmark: ``ActorWorker.update_policy`` against a bare DeepSpeed loop, per ZeRO case.
+"""Worker benchmark: ``ActorWorker.update_policy`` against a bare DeepSpeed loop and FSDP2, per ZeRO case.
 
-For every case (ZeRO-1/2/3, ZeRO-2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and
-parameter offload) two runners train the same randomly initialised model on the same batch,
-each in its own set of rank processes (peak memory would leak from one case into the next in
-a shared process):
+For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and
+parameter offload; ZeRO-3 with the decoder layers as leaf modules, the workers' default, and
+``zero3_noleaf`` with stock per-submodule hooks) the runners train the same randomly initialised
+model on the same batch, each in its own set of rank processes (peak memory would leak from one
+case into the next in a shared process):
 
 - ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
   samples per rank, so one optimizer step per call);
 - ``bare``: ``deepspeed.initialize`` with the same DeepSpeed JSON and a plain loop of
-  ``gas`` x (forward with labels, ``engine.backward``, ``engine.step``).
+  ``gas`` x (forward with labels, ``engine.backward``, ``engine.step``);
+- ``fsdp2`` (once per round, not per case): PyTorch's ``fully_shard`` on every decoder layer and
+  the root of the same model (fp32 parameters, bf16 compute and fp32 gradient reduction on CUDA,
+  as verl's FSDP2 workers), the same ``gas`` x (forward with labels, backward) with gradient sync
+  only on the last micro-batch, grad-norm clipping at 1.0 and torch AdamW (fused on CUDA).
+
+``--rounds N`` repeats every (case, runner) N times, alternating them (round-robin), and reports
+the median step time over rounds: compare versions only within one command.
 
 Every sample has ``seq`` real tokens (half prompt, half response). Output: one TSV row per
-case and runner (step seconds, tokens/s per GPU, peak allocated/reserved GB) and the worker's
-throughput as a fraction of the bare loop's.
+case and runner (step seconds, tokens/s per GPU, peak allocated/reserved GB), the worker's
+throughput as a fraction of the bare loop's, and each row's throughput as a fraction of FSDP2's.
 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
@@ -31,16 +39,20 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.devices import on_cpu
+
 CASES = {
     "zero1": {"zero_stage": 1, "offload": "none", "param_offload": False},
     "zero2": {"zero_stage": 2, "offload": "none", "param_offload": False},
     "zero3": {"zero_stage": 3, "offload": "none", "param_offload": False},
+    "zero3_noleaf": {"zero_stage": 3, "offload": "none", "param_offload": False, "zero3_leaf_modules": False},
+    "zero1_offload": {"zero_stage": 1, "offload": "cpu", "param_offload": False},
     "zero2_offload": {"zero_stage": 2, "offload": "cpu", "param_offload": False},
     "zero3_offload": {"zero_stage": 3, "offload": "cpu", "param_offload": True},
 }
-RUNNERS = ("worker", "bare")
+RUNNERS = ("worker", "bare", "fsdp2")
 COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb", "max_reserved_gb",
-           "worker_vs_bare")
+           "worker_vs_bare", "vs_fsdp2", "optimizer_on", "params_on")
 
 
 def _model_config(shape: str):
@@ -85,7 +97,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace, world: int)
     actor.ppo_mini_batch_size = per_rank * world
     actor.ppo_micro_batch_size_per_gpu = args.micro
     actor.optim.lr = 1e-6
-    actor.deepspeed = DeepSpeedConfig(**CASES[case], step_each_micro=False, fp32_grad_accum=False)
+    actor.deepspeed = DeepSpeedConfig(**CASES.get(case, CASES["zero2"]), step_each_micro=False, fp32_grad_accum=False)
     return cfg
 
 
@@ -108,10 +120,81 @@ def _batch(args: argparse.Namespace, vocab: int, rank: int):
 
 
 def _sync() -> None:
-    import torch
+    if not on_cpu():
+        import torch
 
-    if torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu":
         torch.cuda.synchronize()
+
+
+def _timed_steps(args: argparse.Namespace, step) -> list[float]:
+    times = []
+    for _ in range(args.warmup + args.steps):
+        _sync()
+        start = time.perf_counter()
+        step()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return times[args.warmup:]
+
+
+def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], object]:
+    import deepspeed
+
+    from repro.batching import plan_role_batch
+    from repro.ds_config import build_ds_config
+    from repro.workers.engine import load_hf_model, torch_dtype
+    from repro.workers.zero3_leaf import mark_zero3_leaves
+
+    ds = cfg.actor_rollout_ref.actor.deepspeed
+    model = load_hf_model(cfg.actor_rollout_ref.model, torch_dtype(ds))
+    if ds.zero_stage == 3 and ds.zero3_leaf_modules:
+        mark_zero3_leaves(model)
+    conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
+                           grad_clip=1.0, on_cuda=os.environ.get("DS_ACCELERATOR") != "cpu")
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
+    engine.train()
+    ids = ids.to(engine.device)
+
+    def step() -> None:
+        for g in range(args.gas):
+            mb = ids[g * args.micro:(g + 1) * args.micro]
+            engine.backward(engine(input_ids=mb, labels=mb, use_cache=False).loss)
+            engine.step()
+
+    return _timed_steps(args, step), engine
+
+
+def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from repro.workers.engine import device, load_hf_model
+    from repro.workers.zero3_leaf import decoder_layer_classes
+
+    dev = device()
+    on_cuda = dev.type == "cuda"
+    # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
+    model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_cuda else torch.float32, reduce_dtype=torch.float32)
+    layers = tuple(decoder_layer_classes(model))
+    for module in model.modules():
+        if isinstance(module, layers):
+            fully_shard(module, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.actor_rollout_ref.actor.optim.lr, fused=on_cuda)
+    ids = ids.to(dev)
+
+    def step() -> None:
+        for g in range(args.gas):
+            model.set_requires_gradient_sync(g == args.gas - 1)
+            mb = ids[g * args.micro:(g + 1) * args.micro]
+            (model(input_ids=mb, labels=mb, use_cache=False).loss / args.gas).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _timed_steps(args, step)
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -120,47 +203,23 @@ def _child(args: argparse.Namespace) -> None:
 
     from repro.distributed import init_distributed
     from repro.workers.engine import memory_metrics
+    from repro.workers.placement import optimizer_placement, param_placement
 
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = _run_config(args.model_dir, args.case, args, world)
     batch = _batch(args, _model_config(args.shape).vocab_size, rank)
-    times = []
+    engine = None
     if args.runner == "worker":
         from repro.workers.actor import ActorWorker
 
         worker = ActorWorker(cfg)
-        for _ in range(args.warmup + args.steps):
-            _sync()
-            start = time.perf_counter()
-            worker.update_policy(batch)
-            _sync()
-            times.append(time.perf_counter() - start)
+        measured = _timed_steps(args, lambda: worker.update_policy(batch))
+        engine = worker.engine.engine
+    elif args.runner == "bare":
+        measured, engine = _bare_deepspeed(args, cfg, batch["input_ids"])
     else:
-        import deepspeed
-
-        from repro.batching import plan_role_batch
-        from repro.ds_config import build_ds_config
-        from repro.workers.engine import load_hf_model, torch_dtype
-
-        ds = cfg.actor_rollout_ref.actor.deepspeed
-        model = load_hf_model(cfg.actor_rollout_ref.model, torch_dtype(ds))
-        conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
-                               grad_clip=1.0, on_cuda=os.environ.get("DS_ACCELERATOR") != "cpu")
-        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
-        engine.train()
-        ids = batch["input_ids"].to(engine.device)
-        for _ in range(args.warmup + args.steps):
-            _sync()
-            start = time.perf_counter()
-            for g in range(args.gas):
-                mb = ids[g * args.micro:(g + 1) * args.micro]
-                loss = engine(input_ids=mb, labels=mb, use_cache=False).loss
-                engine.backward(loss)
-                engine.step()
-            _sync()
-            times.append(time.perf_counter() - start)
-    measured = times[args.warmup:]
+        measured = _fsdp2(args, cfg, batch["input_ids"])
     step_s = statistics.median(measured)
     mem = memory_metrics()
     gathered: list = [None] * world
@@ -172,6 +231,9 @@ def _child(args: argparse.Namespace) -> None:
             "step_s": max(g["step_s"] for g in gathered),
             "max_allocated_gb": max(g["alloc"] for g in gathered),
             "max_reserved_gb": max(g["reserved"] for g in gathered),
+            # Read from the engine, not the config (FSDP2: torch AdamW on the accelerator).
+            "optimizer_on": optimizer_placement(engine) if engine is not None else "device",
+            "params_on": param_placement(engine) if engine is not None else "device",
         }
         row["tokens_per_s_per_gpu"] = args.micro * args.gas * args.seq / row["step_s"]
         Path(args.result).write_text(json.dumps(row))
@@ -184,11 +246,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, workdir: Path) -> dict:
+def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, workdir: Path, round_: int = 0) -> dict:
     """Start ``nproc`` rank processes for one (case, runner), torchrun-style, and read rank 0's row."""
     port = _free_port()
-    result = workdir / f"{case}_{runner}.json"
-    log = workdir / f"{case}_{runner}.log"
+    result = workdir / f"{case}_{runner}_r{round_}.json"
+    log = workdir / f"{case}_{runner}_r{round_}.log"
     cmd = [sys.executable, "-m", "repro.bench.workers", "--child", "--case", case, "--runner", runner,
            "--model-dir", str(model_dir), "--result", str(result), "--shape", args.shape,
            "--seq", str(args.seq), "--micro", str(args.micro), "--gas", str(args.gas),
@@ -217,15 +279,32 @@ def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, w
     return json.loads(result.read_text())
 
 
+def _median_rows(rows: list[dict]) -> list[dict]:
+    """One row per (case, runner): the median step time over rounds, the peak memory over rounds."""
+    out: dict[tuple[str, str], dict] = {}
+    for key in dict.fromkeys((r["case"], r["runner"]) for r in rows):
+        mine = [r for r in rows if (r["case"], r["runner"]) == key]
+        row = dict(mine[0], step_s=statistics.median(r["step_s"] for r in mine),
+                   max_allocated_gb=max(r["max_allocated_gb"] for r in mine),
+                   max_reserved_gb=max(r["max_reserved_gb"] for r in mine))
+        row["tokens_per_s_per_gpu"] = statistics.median(r["tokens_per_s_per_gpu"] for r in mine)
+        out[key] = row
+    return list(out.values())
+
+
 def _format(rows: list[dict]) -> str:
     bare = {r["case"]: r for r in rows if r["runner"] == "bare"}
+    fsdp2 = next((r for r in rows if r["runner"] == "fsdp2"), None)
     lines = ["\t".join(COLUMNS)]
     for r in rows:
-        ratio = ""
+        ratio = vs_fsdp2 = ""
         if r["runner"] == "worker" and r["case"] in bare:
             ratio = f"{r['tokens_per_s_per_gpu'] / bare[r['case']]['tokens_per_s_per_gpu']:.3f}"
+        if fsdp2 is not None:
+            vs_fsdp2 = f"{r['tokens_per_s_per_gpu'] / fsdp2['tokens_per_s_per_gpu']:.3f}"
         lines.append("\t".join([r["case"], r["runner"], f"{r['step_s']:.4f}", f"{r['tokens_per_s_per_gpu']:.1f}",
-                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio]))
+                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio, vs_fsdp2,
+                                r.get("optimizer_on", ""), r.get("params_on", "")]))
     return "\n".join(lines)
 
 
@@ -233,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b (GPU) or tiny (CPU smoke run)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
-    parser.add_argument("--runners", default=",".join(RUNNERS), help="worker,bare")
+    parser.add_argument("--runners", default=",".join(RUNNERS), help=f"comma-separated subset of {list(RUNNERS)}")
+    parser.add_argument("--rounds", type=int, default=1, help="alternate every (case, runner) this many times")
     parser.add_argument("--nproc", type=int, default=2, help="ranks per case")
     parser.add_argument("--seq", type=int, default=1024, help="tokens per sample (half prompt, half response)")
     parser.add_argument("--micro", type=int, default=2)
@@ -255,21 +335,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cases = [c for c in args.cases.split(",") if c]
     runners = [r for r in args.runners.split(",") if r]
-    for c in cases:
-        if c not in CASES:
-            raise ValueError(f"--cases: {c!r} is not valid; choose from {list(CASES)}")
-    for r in runners:
-        if r not in RUNNERS:
-            raise ValueError(f"--runners: {r!r} is not valid; choose from {list(RUNNERS)}")
+    bad = [f"--cases: {c!r} is not valid; choose from {list(CASES)}" for c in cases if c not in CASES]
+    bad += [f"--runners: {r!r} is not valid; choose from {list(RUNNERS)}" for r in runners if r not in RUNNERS]
+    if args.rounds < 1:
+        bad.append(f"--rounds={args.rounds} is not valid; it must be >= 1")
+    if bad:
+        print(f"error: {bad[0]}", file=sys.stderr)
+        return 2
+    # FSDP2 does not depend on the ZeRO case: one run per round, before the cases.
+    plan = ([("fsdp2", "fsdp2")] if "fsdp2" in runners else []) + [
+        (case, runner) for case in cases for runner in runners if runner != "fsdp2"]
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="repro_bench_"))
     workdir.mkdir(parents=True, exist_ok=True)
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []
-    for case in cases:
-        for runner in runners:
-            rows.append(_launch(args, case, runner, model_dir, workdir))
-            print(f"# {case}/{runner}: {rows[-1]['step_s']:.3f} s/step", file=sys.stderr, flush=True)
-    table = _format(rows)
+    for round_ in range(args.rounds):
+        for case, runner in plan:
+            rows.append(_launch(args, case, runner, model_dir, workdir, round_))
+            print(f"# round {round_ + 1}/{args.rounds} {case}/{runner}: {rows[-1]['step_s']:.3f} s/step",
+                  file=sys.stderr, flush=True)
+    table = _format(_median_rows(rows))
     print(table, flush=True)
     if args.out:
         Path(args.out).write_text(table + "\n")

@@ -180,3 +180,25 @@ def first_divergence(traces: dict[int, RankTrace], context: int = 3) -> Divergen
     if not found:
         return None
     return min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+
+
+def first_site_difference(traces: dict[int, RankTrace]) -> str | None:
+    """A note, not a divergence: the first agreeing collective that two ranks issued from different lines.
+
+    Legitimate in rank-dependent code, but worth a look when a job misbehaves without diverging.
+    """
+    by_group: dict[str, dict[int, list[CallRecord]]] = {}
+    for r, t in traces.items():
+        for c in t.calls:
+            if c.group_seq is not None:
+                by_group.setdefault(c.group, {}).setdefault(r, []).append(c)
+    for group, seqs in by_group.items():
+        ranks = sorted(seqs)
+        for other in ranks[1:]:
+            for x, y in zip(seqs[ranks[0]], seqs[other], strict=False):
+                if x.fingerprint() == y.fingerprint() and x.site != y.site:
+                    return (
+                        f"Note: call #{x.group_seq} on group {group} ({x.short()}) came from {x.site} on rank "
+                        f"{ranks[0]} but from {y.site} on rank {other}"
+                    )
+    return None

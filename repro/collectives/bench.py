@@ -44,14 +44,16 @@ def _traced(mode: str, out_dir: str, timeout_s: float = 60.0) -> Any:
     return trace_collectives(out_dir, check="off" if mode == "record" else mode, timeout_s=timeout_s)
 
 
-def _per_call(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, float]:
+def _per_call(
+    args: argparse.Namespace, device: Any, tmp: str, modes: tuple[str, ...] = MODES
+) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
     t = torch.ones(args.numel, device=device)
-    samples: dict[str, list[float]] = {m: [] for m in MODES}
+    samples: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds + 1):  # round 0 warms up
-        for mode in MODES:
+        for mode in modes:
             dist.barrier()
             with _traced(mode, os.path.join(tmp, f"calls_{mode.replace(':', '')}")):
                 _sync(device)
@@ -173,6 +175,9 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
     )
     if args.backend == "gloo":
         os.environ["DS_ACCELERATOR"] = "cpu"
+    if args.detail_pass:
+        # read when the process group is created: wraps it in torch's own per-call consistency check
+        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     import torch
     import torch.distributed as dist
 
@@ -188,6 +193,14 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
         "rounds": args.rounds,
     }
     with tempfile.TemporaryDirectory(prefix="ct_bench_") as tmp:
+        if args.detail_pass:
+            if rank == 0:
+                with open(result_path, "w") as f:
+                    json.dump({"detail_us": _per_call(args, device, tmp, ("off",))["off"]}, f)
+            else:
+                _per_call(args, device, tmp, ("off",))
+            dist.destroy_process_group()
+            return
         results["per_call_us"] = _per_call(args, device, tmp)
         results["record_cpu_us"] = _record_cpu_us(device, tmp)
         results["report_s"] = {
@@ -216,6 +229,9 @@ def _table(r: dict[str, Any]) -> str:
     for m in MODES:
         v = r["per_call_us"][m]
         lines.append(f"| {m if m != 'every' else 'check=every'} | {v:.1f} | {v / base:.2f}x |")
+    if "detail_us" in r:
+        v = r["detail_us"]
+        lines.append(f"| TORCH_DISTRIBUTED_DEBUG=DETAIL (no tracer) | {v:.1f} | {v / base:.2f}x |")
     lines.append(f"tracer CPU work per call in record mode (no collective): {r['record_cpu_us']:.1f} us")
     lines.append("")
     lines.append("| divergence | time from divergent call to report, per rank (s) |")
@@ -235,6 +251,12 @@ def _table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m repro.collectives.bench", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
@@ -243,6 +265,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=500)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results JSON here too")
+    p.add_argument(
+        "--detail",
+        action="store_true",
+        help="also time the untraced calls under TORCH_DISTRIBUTED_DEBUG=DETAIL (a second set of ranks)",
+    )
     z = p.add_argument_group("ZeRO-2 step (--zero2); defaults: Qwen3-0.6B shape")
     z.add_argument("--zero2", action="store_true")
     z.add_argument("--hidden-size", type=int, default=1024)
@@ -262,18 +289,22 @@ def main(argv: list[str] | None = None) -> int:
         "--fused-adam", action="store_true", help="DeepSpeed FusedAdam (JIT build) instead of torch AdamW"
     )
     args = p.parse_args(argv)
+    args.detail_pass = False
     if args.nproc < 2:
         p.error("--nproc must be >= 2 (the divergence part needs two ranks)")
     import torch.multiprocessing as mp
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "result.json")
         mp.spawn(_rank_main, args=(args, port, path), nprocs=args.nproc, join=True)
         with open(path) as f:
             results = json.load(f)
+        if args.detail:
+            args.detail_pass = True
+            mp.spawn(_rank_main, args=(args, _free_port(), path), nprocs=args.nproc, join=True)
+            with open(path) as f:
+                results.update(json.load(f))
     print(_table(results))
     if args.out:
         with open(args.out, "w") as f:

@@ -103,6 +103,29 @@ def sites_from_frame(frame: FrameType | None) -> tuple[str, str | None]:
     return "<no user frame>", lib
 
 
+STACK_LIMIT = 12
+
+
+def sites_and_stack(frame: FrameType | None) -> tuple[str, str | None, list[str]]:
+    """(user site, innermost library site, the user's frames outward from the site down to the loop).
+
+    The stack keeps up to :data:`STACK_LIMIT` user frames, innermost first, the site included: a
+    call inside a model's ``forward`` then still shows the training step and loop that ran it.
+    """
+    lib: str | None = None
+    stack: list[str] = []
+    f = frame
+    while f is not None and len(stack) < STACK_LIMIT:
+        code = f.f_code
+        kind = _classify(code.co_filename)
+        if kind == _USER:
+            stack.append(format_frame(code.co_filename, f.f_lineno, code.co_name))
+        elif kind == _LIBRARY and lib is None and not stack:
+            lib = format_frame(code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return (stack[0] if stack else "<no user frame>"), lib, stack
+
+
 def current_sites(skip: int = 1) -> tuple[str, str | None]:
     """Call sites of the caller's caller (``skip`` frames above this function)."""
     return sites_from_frame(sys._getframe(skip + 1))

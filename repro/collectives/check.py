@@ -75,7 +75,8 @@ class CollectiveMismatchError(RuntimeError):
 
 def _payload(rec: CallRecord) -> str:
     d = rec.to_json()
-    d.pop("detail", None)
+    if not d["detail"] or d["detail"][0] != "splits":  # all-to-all splits are compared across ranks
+        d.pop("detail", None)
     return json.dumps(d, separators=(",", ":"))
 
 
@@ -91,6 +92,34 @@ class Checker:
         self.prefix = f"repro_ct/{session}"
         self._store: Any = None
         self._previous_key: dict[str, str] = {}
+        from repro.collectives.p2p import PairChecker
+
+        self.pairs = PairChecker(self)
+
+    def store(self) -> Any:
+        if self._store is None:
+            self._store = dist.distributed_c10d._get_default_store()
+        return self._store
+
+    def last_key(self, rank: int) -> str:
+        """Where a rank publishes the call it is blocked in (read by peers to find deadlocks)."""
+        return self._last_key(rank)
+
+    def peer_last(self, rank: int) -> CallRecord | None:
+        store = self.store()
+        if not store.check([self._last_key(rank)]):
+            return None
+        return CallRecord.from_json(json.loads(store.get(self._last_key(rank))))
+
+    def check_p2p(self, rec: CallRecord, tracer: Any, block: bool, publish: bool = True) -> None:
+        """Point-to-point ops: publish them, and verify their counterparts (waiting when ``block``).
+
+        Every op is checked whatever the sampling: a p2p pair is not a group-wide sequence.
+        ``publish=False`` for the wait of an async op, published when it was posted.
+        """
+        if publish:
+            self.pairs.publish(rec)
+        self.pairs.verify(rec, tracer, block)
 
     def _key(self, group: str, seq: int, rank: int) -> str:
         return f"{self.prefix}/{group}/{seq}/{rank}"
@@ -101,9 +130,7 @@ class Checker:
     def check(self, rec: CallRecord, previous: list[CallRecord], tracer: Any) -> None:
         if rec.group_seq is None or not self.mode.wants(rec.group_seq) or len(rec.ranks) < 2:
             return
-        if self._store is None:
-            self._store = dist.distributed_c10d._get_default_store()
-        store = self._store
+        store = self.store()
         mine = _payload(rec)
         own_key = self._key(rec.group, rec.group_seq, rec.rank)
         store.multi_set([own_key, self._last_key(rec.rank)], [mine, mine])
@@ -112,7 +139,7 @@ class Checker:
         crossed = self._wait_for_peers(rec, peers, peer_keys, tracer)
         if crossed is not None:
             crossed.before = [(c, None) for c in previous]
-            self._fail(crossed, tracer)
+            self.fail(crossed, tracer)
         calls = {rec.rank: rec}
         for r, raw in zip(peers, store.multi_get(peer_keys), strict=False):
             calls[r] = CallRecord.from_json(json.loads(raw))
@@ -139,7 +166,13 @@ class Checker:
                     before=[(c, None) for c in previous],
                     source=f"check ({self.mode.text}) on rank {rec.rank}",
                 )
-                self._fail(div, tracer)
+                self.fail(div, tracer)
+        from repro.collectives.splits import split_mismatch
+
+        div = split_mismatch(calls, f"check ({self.mode.text}) on rank {rec.rank}")
+        if div is not None:
+            div.before = [(c, None) for c in previous]
+            self.fail(div, tracer)
 
     def _wait_for_peers(
         self, rec: CallRecord, peers: list[int], peer_keys: list[str], tracer: Any
@@ -162,7 +195,8 @@ class Checker:
                 return None
             now = time.monotonic()
             if now - start > self.timeout_s:
-                return self._timeout_divergence(rec, peers, peer_keys)
+                missing = [r for r, k in zip(peers, peer_keys, strict=False) if not store.check([k])]
+                return self.timeout_divergence(rec, missing or peers)
             if now >= next_look:
                 next_look = now + 0.1
                 crossed = self._crossed_wait(rec, peers, peer_keys, tracer)
@@ -177,14 +211,21 @@ class Checker:
         The peer cannot have passed that call (it needs this rank's key for it), and this rank
         cannot reach it while it waits here, so the wait is a certain deadlock.
         """
+        from repro.collectives.p2p import blocked_on, pair_divergence
+
         store = self._store
         for r, k in zip(peers, peer_keys, strict=False):
-            if store.check([k]) or not store.check([self._last_key(r)]):
+            if store.check([k]):
                 continue
-            theirs = CallRecord.from_json(json.loads(store.get(self._last_key(r))))
-            if rec.rank not in theirs.ranks or theirs.group_seq is None:
+            theirs = self.peer_last(r)
+            if theirs is None or (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
                 continue
-            if (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
+            if theirs.group_seq is None:  # the peer is blocked in a point-to-point op
+                if blocked_on(theirs, rec.rank, tracer.pairs, tracer.group_seq):
+                    source = f"check ({self.mode.text}) on rank {rec.rank}: crossed waits, a certain deadlock"
+                    return pair_divergence(rec, theirs, "deadlock", source)
+                continue
+            if rec.rank not in theirs.ranks:
                 continue
             if tracer.group_seq(theirs.group) < theirs.group_seq:
                 a, b = (rec, theirs) if rec.rank < r else (theirs, rec)
@@ -201,13 +242,9 @@ class Checker:
                 )
         return None
 
-    def _timeout_divergence(self, rec: CallRecord, peers: list[int], peer_keys: list[str]) -> Divergence:
-        store = self._store
-        missing = [r for r, k in zip(peers, peer_keys, strict=False) if not store.check([k])]
-        late = missing[0] if missing else peers[0]
-        last = None
-        if store.check([self._last_key(late)]):
-            last = CallRecord.from_json(json.loads(store.get(self._last_key(late))))
+    def timeout_divergence(self, rec: CallRecord, missing: list[int]) -> Divergence:
+        """``missing`` peers did not arrive within the timeout; name the last call each published."""
+        late = missing[0]
         return Divergence(
             kind="timeout",
             group=rec.group,
@@ -216,12 +253,12 @@ class Checker:
             rank_b=late,
             call_a=rec,
             call_b=None,
-            last_b=last,
+            last_b=self.peer_last(late),
             missing_ranks=missing,
             source=f"check ({self.mode.text}) on rank {rec.rank}, waited {self.timeout_s:g} s",
         )
 
-    def _fail(self, div: Divergence, tracer: Any) -> None:
+    def fail(self, div: Divergence, tracer: Any) -> None:
         from repro.collectives.report import divergence_to_json
 
         tracer.write_event({"ev": "check_fail", "report": divergence_to_json(div)})

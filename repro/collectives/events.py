@@ -3,8 +3,9 @@
 A trace directory holds one append-only JSON-lines file per rank, ``rank{R}.jsonl``. Lines are
 events: ``meta`` (once, first), ``group`` (a process group the first time it is used: key and
 global ranks), ``call`` (written and flushed *before* the real call, so a rank that then aborts,
-is killed or hangs still leaves it behind), ``ret`` (the call returned) and ``check_fail``
-(the live check raised; carries the report as JSON).
+is killed or hangs still leaves it behind), ``ret`` (the call returned), ``err`` (it raised:
+not returned) and ``check_fail`` (the live check raised; carries the report as JSON). The wait
+of an async op is a ``call`` of op ``wait`` (``of``: the index of the op it waits for).
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ class CallRecord:
     async_op: bool = False
     size_free: bool = False
     detail: list[Any] = field(default_factory=list)
+    pairs: list[Any] = field(default_factory=list)
+    """Point-to-point ops: ``[role, peer, seq, numel, dtype, op]`` each (see :mod:`repro.collectives.p2p`)."""
+    stack: list[str] = field(default_factory=list)
+    """The user's frames outward from ``site`` (callers, down to the loop), innermost first."""
+    of: int | None = None
+    """For a ``wait``: the index of the async call it waits for."""
 
     @property
     def is_p2p(self) -> bool:
@@ -82,7 +89,10 @@ class CallRecord:
 
     def short(self) -> str:
         """``all_reduce numel=1 float32`` plus root/redop when set."""
-        parts = [self.op, f"numel={self.numel}", self.dtype]
+        op = self.op
+        if op == "wait" and len(self.detail) == 3 and self.detail[0] == "for":
+            op = f"wait for {self.detail[1]}" + (f" #{self.detail[2]}" if self.detail[2] is not None else "")
+        parts = [op, f"numel={self.numel}", self.dtype]
         if self.redop:
             parts.append(f"op={self.redop}")
         if self.root is not None:
@@ -113,6 +123,9 @@ class CallRecord:
             "async_op": self.async_op,
             "size_free": self.size_free,
             "detail": list(self.detail),
+            "pairs": list(self.pairs),
+            "stack": list(self.stack),
+            "of": self.of,
         }
 
     @classmethod

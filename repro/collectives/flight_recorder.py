@@ -37,6 +37,8 @@ _DTYPES = {
 }
 _TRAILING_INT = re.compile(r"(\d+)(\.\w+)?$")
 _P2P = {"send", "recv", "isend", "irecv"}
+# FR's inputs of these are the root's list and empty elsewhere.
+_ROOTED_LISTS = {"scatter", "gather"}
 
 
 def is_flight_recorder_dump(path: pathlib.Path) -> bool:
@@ -91,6 +93,8 @@ def dump_to_trace(dump: dict[str, Any], rank: int, source: str = "") -> RankTrac
         ]
         site, lib_site = sites_from_frames(frames)
         is_p2p = bool(e.get("is_p2p")) or op in _P2P
+        if op in _ROOTED_LISTS:
+            sizes, dtypes = [], []  # only the root passes the list: its sizes say nothing about a mismatch
         created = e.get("time_created_ns")
         done = e.get("time_discovered_completed_ns")
         trace.calls.append(

@@ -6,6 +6,11 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_P
 ``REPRO_COLLECTIVES_TRACE``/``REPRO_COLLECTIVES_CHECK``, so the script needs no change. When a
 rank fails, the others get ``grace_s`` to fail too (check mode raises on every rank) and are then
 killed (a rank stuck in a real collective would wait for the whole process-group timeout).
+
+The launcher also turns a hang into a report (see :mod:`repro.collectives.watch`): when no live
+rank's record grew for ``stall_s`` while a traced call is outstanding, every rank dumps its Python
+stacks (faulthandler on ``SIGUSR1``, into its log) and is killed. SIGTERM and Ctrl-C to the
+launcher end every rank the same way, and the caller still analyses what was recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from repro.collectives.live_fr import DEFAULT_ENTRIES, request_dumps
+from repro.collectives.watch import STACK_SIGNAL, ProgressWatch
+
+_STACK_DUMP_WAIT_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,22 @@ class Target:
         return ["-m", self.name, *self.args] if self.module else [self.name, *self.args]
 
 
+@dataclass
+class LaunchResult:
+    """How the ranks ended."""
+
+    codes: list[int]
+    """Exit codes by rank (negative: killed by that signal)."""
+    interrupted: int | None = None
+    """The signal (SIGINT, SIGTERM) that stopped the launcher, if one did."""
+    stalled_s: float | None = None
+    """Set when the job was ended as hung: seconds without progress on any live rank."""
+    killed: set[int] = field(default_factory=set)
+    """Ranks the launcher killed (they did not fail on their own)."""
+    stacks: dict[int, str] = field(default_factory=dict)
+    """Python stacks each live rank dumped before it was killed (hang or interrupt)."""
+
+
 def rank_command(target: Target) -> list[str]:
     """The command line of every rank (its env carries the rank and the tracing settings)."""
     return [sys.executable, "-m", "repro.collectives_trace", "run", *target.argv()]
@@ -71,21 +97,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(
-    target: Target,
-    nproc: int,
-    out_dir: pathlib.Path,
-    check: str,
-    timeout_s: float,
-    grace_s: float = 5.0,
-) -> list[int]:
-    """Run the ranks; return their exit codes (negative: killed by that signal)."""
-    if nproc < 1:
-        raise ValueError(f"--nproc-per-node must be >= 1, got {nproc}")
-    target.check()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for stale in out_dir.glob("rank*.jsonl"):
+def prepare_out_dir(out_dir: pathlib.Path) -> None:
+    """Create ``--out`` (a directory) and clear old records; ValueError with one line when it cannot be."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"--out {str(out_dir)!r} is an existing file; give a directory (created if missing)")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write_probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {str(out_dir)!r} is not a writable directory: {exc.strerror}") from None
+    for stale in [*out_dir.glob("rank*.jsonl"), *out_dir.glob("rank*.log"), *out_dir.glob("fr_trace_rank_*")]:
         stale.unlink()
+
+
+def _start_ranks(target: Target, nproc: int, out_dir: pathlib.Path, check: str, timeout_s: float) -> list:
     port = free_port()
     procs = []
     for rank in range(nproc):
@@ -101,31 +128,108 @@ def launch(
             REPRO_COLLECTIVES_CHECK=check,
             REPRO_COLLECTIVES_TIMEOUT_S=str(timeout_s),
         )
-        log = open(out_dir / f"rank{rank}.log", "w")
-        procs.append(
-            subprocess.Popen(
-                rank_command(target),
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+        # Flight Recorder sees what runs below the Python API (see repro.collectives.live_fr).
+        env.setdefault("TORCH_FR_BUFFER_SIZE", DEFAULT_ENTRIES)
+        with open(out_dir / f"rank{rank}.log", "w") as log:
+            # Own session: a Ctrl-C in the terminal reaches the launcher only, which ends the
+            # ranks itself after collecting their stacks.
+            procs.append(
+                subprocess.Popen(
+                    rank_command(target),
+                    env=env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
             )
-        )
-        log.close()
+    return procs
+
+
+def _dump_stacks(procs: list, out_dir: pathlib.Path) -> dict[int, str]:
+    """Ask every live rank for its Python stacks (faulthandler, into its log) and return them."""
+    request_dumps(out_dir)
+    offsets = {}
+    for rank, p in enumerate(procs):
+        if p.poll() is None:
+            log = out_dir / f"rank{rank}.log"
+            offsets[rank] = log.stat().st_size if log.exists() else 0
+            try:
+                os.kill(p.pid, STACK_SIGNAL)
+            except ProcessLookupError:
+                pass
+    if not offsets:
+        return {}
+    time.sleep(_STACK_DUMP_WAIT_S)
+    stacks = {}
+    for rank, offset in offsets.items():
+        with open(out_dir / f"rank{rank}.log", "rb") as f:
+            f.seek(offset)
+            stacks[rank] = f.read().decode(errors="replace")
+    return stacks
+
+
+def launch(
+    target: Target,
+    nproc: int,
+    out_dir: pathlib.Path,
+    check: str,
+    timeout_s: float,
+    grace_s: float = 5.0,
+    stall_s: float = 30.0,
+) -> LaunchResult:
+    """Run the ranks until they end, fail, hang for ``stall_s`` (0: never) or the launcher is signalled."""
+    if nproc < 1:
+        raise ValueError(f"--nproc-per-node must be >= 1, got {nproc}")
+    if stall_s < 0:
+        raise ValueError(f"--stall-s must be >= 0 (0 turns the hang watch off), got {stall_s}")
+    target.check()
+    prepare_out_dir(out_dir)
+    result = LaunchResult(codes=[])
+    caught: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        caught.append(signum)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    procs = _start_ranks(target, nproc, out_dir, check, timeout_s)
+    watch = ProgressWatch(out_dir, stall_s)
     first_failure: float | None = None
     try:
         while any(p.poll() is None for p in procs):
+            if caught:
+                result.interrupted = caught[0]
+                break
             if first_failure is None and any(p.returncode not in (None, 0) for p in procs):
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > grace_s:
+                result.stacks = _dump_stacks(procs, out_dir)
+                break
+            live = [r for r, p in enumerate(procs) if p.poll() is None]
+            if watch.stalled(live, finished=len(live) < len(procs)):
+                result.stalled_s = watch.idle_s()
                 break
             time.sleep(0.05)
+        if result.interrupted is not None or result.stalled_s is not None:
+            result.stacks = _dump_stacks(procs, out_dir)
     finally:
-        for p in procs:
+        for rank, p in enumerate(procs):
             if p.poll() is None:
+                result.killed.add(rank)
                 try:
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                p.wait()
-    return [p.returncode for p in procs]
+            p.wait()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    result.codes = [p.returncode for p in procs]
+    return result
+
+
+def log_tail(out_dir: pathlib.Path, rank: int, lines: int = 25) -> str:
+    """The last lines of a rank's log (its own traceback when it died on its own)."""
+    path = out_dir / f"rank{rank}.log"
+    if not path.exists():
+        return ""
+    text = path.read_text(errors="replace").splitlines()
+    return "\n".join(text[-lines:])

@@ -9,8 +9,10 @@ ends in these functions, so it is covered once, without double records. A call m
 another traced call is running on the same thread (the ``broadcast`` inside
 ``broadcast_object_list``) is not recorded again.
 
-Not covered: functional collectives (``torch.distributed._functional_collectives``, DTensor) and
-code that bound a function by ``from torch.distributed import all_reduce`` before install.
+Functional collectives and DTensor are traced by :mod:`repro.collectives.functional`, the waits
+of async calls by :mod:`repro.collectives.work`. Not covered here: what runs in C++ (DDP's
+reducer, ``ProcessGroup`` methods called directly) and code that bound a function by
+``from torch.distributed import all_reduce`` before install.
 """
 
 from __future__ import annotations
@@ -29,142 +31,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives.callsite import sites_from_frame
+from repro.collectives import functional
+from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
-
-# op -> (parameter names in order, tensor parameter, how to count it, root/peer param, group-rank param, reduce-op param)
-_T, _L, _O, _P = "tensor", "list", "object", "p2p_list"
-OP_SPECS: dict[str, tuple[tuple[str, ...], str | None, str, str | None, str | None, str | None]] = {
-    "all_reduce": (("tensor", "op", "group", "async_op"), "tensor", _T, None, None, "op"),
-    "all_reduce_coalesced": (("tensors", "op", "group", "async_op"), "tensors", _L, None, None, "op"),
-    "reduce": (
-        ("tensor", "dst", "op", "group", "async_op", "group_dst"),
-        "tensor",
-        _T,
-        "dst",
-        "group_dst",
-        "op",
-    ),
-    "broadcast": (
-        ("tensor", "src", "group", "async_op", "group_src"),
-        "tensor",
-        _T,
-        "src",
-        "group_src",
-        None,
-    ),
-    "all_gather": (("tensor_list", "tensor", "group", "async_op"), "tensor", _T, None, None, None),
-    "all_gather_into_tensor": (
-        ("output_tensor", "input_tensor", "group", "async_op"),
-        "input_tensor",
-        _T,
-        None,
-        None,
-        None,
-    ),
-    "_all_gather_base": (
-        ("output_tensor", "input_tensor", "group", "async_op"),
-        "input_tensor",
-        _T,
-        None,
-        None,
-        None,
-    ),
-    "all_gather_coalesced": (
-        ("output_tensor_lists", "input_tensor_list", "group", "async_op"),
-        "input_tensor_list",
-        _L,
-        None,
-        None,
-        None,
-    ),
-    "gather": (
-        ("tensor", "gather_list", "dst", "group", "async_op", "group_dst"),
-        "tensor",
-        _T,
-        "dst",
-        "group_dst",
-        None,
-    ),
-    "scatter": (
-        ("tensor", "scatter_list", "src", "group", "async_op", "group_src"),
-        "tensor",
-        _T,
-        "src",
-        "group_src",
-        None,
-    ),
-    "reduce_scatter": (("output", "input_list", "op", "group", "async_op"), "output", _T, None, None, "op"),
-    "reduce_scatter_tensor": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
-    "_reduce_scatter_base": (("output", "input", "op", "group", "async_op"), "output", _T, None, None, "op"),
-    "all_to_all": (
-        ("output_tensor_list", "input_tensor_list", "group", "async_op"),
-        "input_tensor_list",
-        _L,
-        None,
-        None,
-        None,
-    ),
-    "all_to_all_single": (
-        ("output", "input", "output_split_sizes", "input_split_sizes", "group", "async_op"),
-        "input",
-        _T,
-        None,
-        None,
-        None,
-    ),
-    "barrier": (("group", "async_op", "device_ids", "timeout"), None, _O, None, None, None),
-    "monitored_barrier": (("group", "timeout", "wait_all_ranks"), None, _O, None, None, None),
-    "send": (("tensor", "dst", "group", "tag", "group_dst"), "tensor", _T, "dst", "group_dst", None),
-    "isend": (("tensor", "dst", "group", "tag", "group_dst"), "tensor", _T, "dst", "group_dst", None),
-    "recv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
-    "irecv": (("tensor", "src", "group", "tag", "group_src"), "tensor", _T, "src", "group_src", None),
-    "batch_isend_irecv": (("p2p_op_list",), "p2p_op_list", _P, None, None, None),
-    "broadcast_object_list": (
-        ("object_list", "src", "group", "device", "group_src"),
-        None,
-        _O,
-        "src",
-        "group_src",
-        None,
-    ),
-    "all_gather_object": (("object_list", "obj", "group"), None, _O, None, None, None),
-    "gather_object": (
-        ("obj", "object_gather_list", "dst", "group", "group_dst"),
-        None,
-        _O,
-        "dst",
-        "group_dst",
-        None,
-    ),
-    "scatter_object_list": (
-        ("scatter_object_output_list", "scatter_object_input_list", "src", "group", "group_src"),
-        None,
-        _O,
-        "src",
-        "group_src",
-        None,
-    ),
-    "send_object_list": (
-        ("object_list", "dst", "group", "device", "group_dst", "use_batch"),
-        None,
-        _O,
-        "dst",
-        "group_dst",
-        None,
-    ),
-    "recv_object_list": (
-        ("object_list", "src", "group", "device", "group_src", "use_batch"),
-        None,
-        _O,
-        "src",
-        "group_src",
-        None,
-    ),
-}
-_PEER_OPS = frozenset({"send", "isend", "recv", "irecv", "send_object_list", "recv_object_list"})
-# DeepSpeed's TorchBackend keeps these torch functions as attributes chosen at start-up.
-_DEEPSPEED_CACHED = ("all_gather_function", "reduce_scatter_function")
+from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
+from repro.collectives.p2p import BLOCKING, ROLE, PairCounter
+from repro.collectives.splits import split_numels
 
 _local = threading.local()
 _active: Tracer | None = None
@@ -189,6 +61,14 @@ class _GroupInfo:
             self.key, self.ranks = "", ()
 
 
+def _p2p_peer(op: Any, info: _GroupInfo) -> int | None:
+    """A P2POp's global peer (it may name it by group rank only)."""
+    if op.peer is not None:
+        return op.peer
+    group_peer = getattr(op, "group_peer", None)
+    return info.ranks[group_peer] if group_peer is not None else None
+
+
 class Tracer:
     """One tracing session of this process: writes the rank file, numbers calls, runs the check."""
 
@@ -202,6 +82,7 @@ class Tracer:
         self._group_seq: dict[str, int] = {}
         self._groups: dict[int, _GroupInfo] = {}
         self._history: dict[str, deque[CallRecord]] = {}
+        self.pairs = PairCounter()
         self._lock = threading.Lock()
 
     # -- file ---------------------------------------------------------------------------------
@@ -256,17 +137,21 @@ class Tracer:
         params.update(kwargs)
         numel, dtype, detail = 0, "", []
         value = params.get(tensor_param) if tensor_param else None
-        if count == _T and value is not None:
+        if count == TENSOR and value is not None:
             numel, dtype = value.numel(), _dtype_name(value.dtype)
-        elif count == _L and value:
+        elif count == LIST and value:
             numel, dtype = sum(t.numel() for t in value), _dtype_name(value[0].dtype)
-        elif count == _P and value:
-            detail = [[p.op.__name__, p.peer, p.tensor.numel(), _dtype_name(p.tensor.dtype)] for p in value]
-            numel, dtype = sum(d[2] for d in detail), detail[0][3]
+        elif count == P2P_LIST and value:
             params["group"] = value[0].group
         info = self._group(params.get("group"))
         if not info.member:
             return None
+        if count == P2P_LIST and value:
+            detail = [
+                [p.op.__name__, _p2p_peer(p, info), p.tensor.numel(), _dtype_name(p.tensor.dtype)]
+                for p in value
+            ]
+            numel, dtype = sum(d[2] for d in detail), detail[0][3]
         root = params.get(root_param) if root_param else None
         if root is None and group_root_param and params.get(group_root_param) is not None:
             root = info.ranks[params[group_root_param]]
@@ -277,12 +162,22 @@ class Tracer:
             op == "all_to_all_single"
             and (params.get("input_split_sizes") or params.get("output_split_sizes"))
         )
-        is_p2p = op in _PEER_OPS or op == "batch_isend_irecv"
+        is_p2p = op in PEER_OPS or op == "batch_isend_irecv"
         if not is_p2p:
             self._group_seq[info.key] = seq = self._group_seq.get(info.key, 0) + 1
         self._index += 1
+        peer = root if op in PEER_OPS else None
+        me = self.rank if self.rank is not None else -1
+        if op in PEER_OPS:
+            pairs = [[ROLE[op], peer, self.pairs.number(ROLE[op], me, peer), numel, dtype, op]]
+        else:
+            pairs = [
+                [ROLE[d[0]], d[1], self.pairs.number(ROLE[d[0]], me, d[1]), d[2], d[3], d[0]] for d in detail
+            ]
+        if op in ("all_to_all", "all_to_all_single"):
+            detail = split_numels(op, params, len(info.ranks))
         # The walk skips this tracer's own frames (before, the wrapper), so start right here.
-        site, lib_site = sites_from_frame(sys._getframe(1))
+        site, lib_site, stack = sites_and_stack(sys._getframe(1))
         return CallRecord(
             rank=self.rank if self.rank is not None else -1,
             index=self._index,
@@ -295,12 +190,14 @@ class Tracer:
             site=site,
             lib_site=lib_site,
             t=time.time(),
-            root=root if op not in _PEER_OPS else None,
-            peer=root if op in _PEER_OPS else None,
+            root=root if op not in PEER_OPS else None,
+            peer=peer,
             redop=None if redop is None else str(redop).rsplit(".", 1)[-1],
-            async_op=bool(params.get("async_op", False)),
+            async_op=bool(params.get("async_op", False)) or op in ("isend", "irecv", "batch_isend_irecv"),
             size_free=bool(size_free),
             detail=detail,
+            pairs=pairs,
+            stack=stack,
         )
 
     def before(self, op: str, args: tuple, kwargs: dict) -> CallRecord | None:
@@ -312,20 +209,33 @@ class Tracer:
                 return None
             event = rec.to_json()
             event["ev"] = "call"
-            if not event["detail"]:
-                del event["detail"]
+            for key in ("detail", "pairs", "of"):
+                if not event[key]:
+                    del event[key]
             del event["t_end"]
             self._writer.write(event)
             if rec.group_seq is not None:
                 hist = self._history.setdefault(rec.group, deque(maxlen=4))
                 previous = list(hist)
                 hist.append(rec)
-        if self.checker is not None and rec.group_seq is not None:
-            self.checker.check(rec, previous, self)
+        if self.checker is not None:
+            if rec.group_seq is not None:
+                self.checker.check(rec, previous, self)
+            elif rec.pairs:
+                self.checker.check_p2p(rec, self, block=rec.op in BLOCKING)
         return rec
 
     def after(self, rec: CallRecord) -> None:
         self._writer.write({"ev": "ret", "index": rec.index, "t": time.time()})
+
+
+def wrap_work(result: Any, rec: CallRecord, tracer: Tracer) -> Any:
+    """An async call's Work (or batch_isend_irecv's list of them) with its ``wait`` traced."""
+    from repro.collectives.work import TracedWork
+
+    if isinstance(result, list):
+        return [TracedWork(w, rec, tracer) for w in result]
+    return TracedWork(result, rec, tracer)
 
 
 def active() -> Tracer | None:
@@ -353,11 +263,21 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
             rec = None
         _local.depth = 1
         try:
-            return original(*args, **kwargs)
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            # A call that raised did not complete: it must not read as returned in a hang report.
+            if rec is not None:
+                tracer.write_event(
+                    {"ev": "err", "index": rec.index, "t": time.time(), "error": repr(exc)[:200]}
+                )
+            raise
         finally:
             _local.depth = 0
-            if rec is not None:
-                tracer.after(rec)
+        if rec is not None:
+            tracer.after(rec)
+            if rec.async_op and result is not None:
+                return wrap_work(result, rec, tracer)
+        return result
 
     traced.__repro_traced__ = original  # type: ignore[attr-defined]
     return traced
@@ -402,7 +322,7 @@ def patch_deepspeed_backend() -> None:
     cdb = getattr(ds_comm, "cdb", None) if ds_comm else None
     if cdb is None:
         return
-    for attr in _DEEPSPEED_CACHED:
+    for attr in DEEPSPEED_CACHED:
         fn = getattr(cdb, attr, None)
         if fn is None or hasattr(fn, "__repro_traced__"):
             continue
@@ -422,6 +342,7 @@ def install(tracer: Tracer) -> None:
         for op in OP_SPECS:
             for owner in (c10d, dist):
                 _patch(owner, op, op, wrappers)
+        functional.install(_installed)
     patch_deepspeed_backend()
     _active = tracer
 
@@ -432,6 +353,7 @@ def uninstall() -> None:
     if _active is not None:
         _active.close()
     _active = None
+    functional.clear()
     while _installed:
         owner, attr, original = _installed.pop()
         if hasattr(getattr(owner, attr, None), "__repro_traced__"):

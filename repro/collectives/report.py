@@ -27,6 +27,14 @@ def _where(c: CallRecord | None) -> str:
     return f"{c.short()} at {c.site}{lib}"
 
 
+def _last(c: CallRecord | None) -> str:
+    if c is None:
+        return "no call"
+    if c.group_seq is None:
+        return f"{c.short()} at {c.site}"
+    return f"{c.op} #{c.group_seq}"
+
+
 def headline(d: Divergence) -> str:
     """The one-sentence finding."""
     grp = f"group {d.group} (global ranks {list(d.ranks)})"
@@ -58,7 +66,7 @@ def headline(d: Divergence) -> str:
             state = "; that call never returned" if last.t_end is None else ""
         return (
             f"Rank {d.rank_b} never issued {a.op} (rank {d.rank_a}'s call #{a.group_seq} on {grp}); "
-            f"rank {d.rank_b}'s record ends with {last.op + ' #' + str(last.group_seq) if last else 'no call'}{state}"
+            f"rank {d.rank_b}'s record ends with {_last(last)}{state}"
         )
     if d.kind == "timeout":
         who = ", ".join(str(r) for r in (d.missing_ranks or [d.rank_b]))
@@ -67,6 +75,26 @@ def headline(d: Divergence) -> str:
             f"Rank {who} did not reach {a.op} (call #{a.group_seq} on {grp}) that rank {d.rank_a} is waiting in; "
             f"rank {d.rank_b}'s last checked call: {last.op + ' #' + str(last.group_seq) + ' on group ' + last.group if last else 'none'}"
         )
+    if d.kind == "deadlock":
+        b = d.call_b
+        return (
+            f"Deadlock: rank {d.rank_a} waits in {a.short()} at {a.site} for rank {d.rank_b}, which waits in "
+            f"{b.short()} at {b.site} for an op rank {d.rank_a} has not issued; neither can go on"
+        )
+    if d.kind == "missing":
+        who = ", ".join(str(r) for r in d.missing_ranks)
+        return (
+            f"Rank {who} left no record although rank {d.rank_a} issued {a.short()} with it "
+            f"(at {a.site}): it failed or never started tracing before its first traced call"
+        )
+    if d.kind == "hang":
+        b = d.call_b
+        tail = (
+            f"rank {d.rank_b} is blocked in {b.short()} at {b.site}"
+            if b is not None
+            else f"rank {d.rank_b}'s record ends with {d.last_b.short() if d.last_b else 'no call'}"
+        )
+        return f"Rank {d.rank_a}'s {a.short()} at {a.site} never returned; {tail}"
     raise AssertionError(f"unknown divergence kind {d.kind}")
 
 
@@ -78,8 +106,8 @@ def format_divergence(d: Divergence) -> str:
     """The full human report."""
     lines = [headline(d), f"  (found by: {d.source})", ""]
     left = d.call_a
-    right = d.call_b if d.kind == "mismatch" else d.last_b
-    right_title = f"rank {d.rank_b}" + ("" if d.kind == "mismatch" else " (last recorded call)")
+    right = d.call_b if d.call_b is not None else d.last_b
+    right_title = f"rank {d.rank_b}" + ("" if d.call_b is not None else " (last recorded call)")
     if d.kind == "extra":
         right_title = f"rank {d.rank_b} (no matching call)"
     cols = [
@@ -104,6 +132,11 @@ def format_divergence(d: Divergence) -> str:
     for (label, f), lv in zip(cols, values_left, strict=False):
         mark = "*" if d.kind == "mismatch" and label in d.differing else " "
         lines.append(_row(label + mark, lv, f(right) if right else "-", width))
+    for rank, c in ((d.rank_a, left), (d.rank_b, right)):
+        if c is not None and len(c.stack) > 1:
+            lines.append("")
+            lines.append(f"  rank {rank}'s stack (innermost first):")
+            lines.extend(f"    {frame}" for frame in c.stack)
     if len(d.extra_calls) > 1:
         lines.append("")
         lines.append(f"  all extra calls on rank {d.rank_a}:")

@@ -5,12 +5,17 @@ digits (a 1-digit operand is 0-9). Prompt ``"Q: 23+4=? A:"``, target ``" #### 27
 the ``#### N`` form so the GSM8K rule reward scores them unchanged. The difficulty knobs are the
 digit counts and the number of operands. Everything is a pure function of the seed.
 
-Validation problems are distinct from each other and never appear in the training split, so
-held-out accuracy measures generalisation rather than recall.
+Every problem lies in exactly one *region*, fixed by a hash of the problem alone (no seed):
+``rl_val`` (RL validation), ``sft_val`` (the tiny policy's SFT held-out set) or ``train`` (what
+SFT and RL train on). RL validation problems are therefore never seen by SFT, as training data or
+as its stopping signal, for any seed or set size, and validation accuracy measures generalisation.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import itertools
 import json
 import math
 import os
@@ -57,35 +62,83 @@ def answer(problem: Problem) -> str:
     return f" #### {sum(problem)}"
 
 
+# Shares of the problem space, out of _SHARE_TOTAL. For the default digits (900 problems) the
+# regions hold 295 / 223 / 382 problems: room for 256 RL and 200 SFT validation problems.
+REGIONS = ("rl_val", "sft_val", "train")
+_SHARES = (6, 5, 9)
+_SHARE_TOTAL = sum(_SHARES)
+# Spaces up to this size are enumerated to size their regions exactly.
+_ENUMERABLE = 200_000
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def region(problem: Problem) -> str:
+    """The region of ``problem``: a pure function of its operands."""
+    digest = hashlib.sha256(("repro.arith:" + "+".join(map(str, problem))).encode()).digest()
+    h = int.from_bytes(digest[:8], "big") % _SHARE_TOTAL
+    for name, bound in zip(REGIONS, _cumulative(), strict=True):
+        if h < bound:
+            return name
+    raise AssertionError("unreachable")
+
+
+def _cumulative() -> list[int]:
+    out, total = [], 0
+    for share in _SHARES:
+        total += share
+        out.append(total)
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def region_size(digits: tuple[int, ...], name: str) -> int:
+    """Problems of ``digits`` in region ``name`` (exact for small spaces, the expected share otherwise)."""
+    if name not in REGIONS:
+        raise ValueError(f"arith region={name!r}; choose one of {list(REGIONS)}")
+    size = space_size(digits)
+    if size > _ENUMERABLE:
+        return size * _SHARES[REGIONS.index(name)] // _SHARE_TOTAL
+    ranges = [range(lo, hi + 1) for lo, hi in map(_operand_range, digits)]
+    return sum(region(p) == name for p in itertools.product(*ranges))
+
+
 def _draw(rng: random.Random, digits: tuple[int, ...]) -> Problem:
     return tuple(rng.randint(*_operand_range(d)) for d in digits)
 
 
+def draw_in(rng: random.Random, digits: tuple[int, ...], name: str) -> Problem:
+    """One problem of region ``name``, uniformly (rejection sampling)."""
+    while True:
+        p = _draw(rng, digits)
+        if region(p) == name:
+            return p
+
+
+def unique_in(rng: random.Random, digits: tuple[int, ...], name: str, n: int, what: str) -> list[Problem]:
+    """``n`` distinct problems of region ``name``, in draw order; ValueError naming ``what`` if it is too small."""
+    room = region_size(digits, name)
+    if n > room:
+        raise ValueError(
+            f"{what}={n} is more than the {room} problems of the {name!r} region for digits={digits} "
+            f"(of {space_size(digits)} in all); use {what} <= {room} or more digits"
+        )
+    held: dict[Problem, None] = {}
+    while len(held) < n:
+        held.setdefault(draw_in(rng, digits, name))
+    return list(held)
+
+
 def split_problems(seed: int, n_train: int, n_val: int,
                    digits: Sequence[int] = DEFAULT_DIGITS) -> tuple[list[Problem], list[Problem]]:
-    """Deterministic train / validation problems: validation unique, training disjoint from it.
-
-    Training problems are drawn with replacement from the problems not held out.
-    """
+    """Deterministic RL train / validation problems: validation unique from the ``rl_val`` region,
+    training drawn with replacement from the ``train`` region."""
     digits = validate_digits(digits)
     if n_train < 1 or n_val < 1:
         raise ValueError(f"arith n_train={n_train}, n_val={n_val}: both must be >= 1")
-    size = space_size(digits)
-    if n_val > size // 2:
-        raise ValueError(
-            f"arith n_val={n_val} is more than half of the {size} distinct problems for digits={digits}; "
-            f"use n_val <= {size // 2} or more digits"
-        )
     rng = random.Random(f"repro.arith:{seed}:{','.join(map(str, digits))}")
-    held: dict[Problem, None] = {}
-    while len(held) < n_val:
-        held.setdefault(_draw(rng, digits))
-    train: list[Problem] = []
-    while len(train) < n_train:
-        p = _draw(rng, digits)
-        if p not in held:
-            train.append(p)
-    return train, list(held)
+    val = unique_in(rng, digits, "rl_val", n_val, "arith n_val")
+    train = [draw_in(rng, digits, "train") for _ in range(n_train)]
+    return train, val
 
 
 def make_row(problem: Problem, split: str, index: int) -> dict[str, Any]:

@@ -10,6 +10,7 @@ Batches use verl's padded layout (``input_ids``/``attention_mask``/``position_id
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -17,17 +18,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import (
-    agg_loss,
-    compute_policy_loss,
-    entropy_from_logits,
-    kl_penalty,
-    logprobs_from_logits,
-)
+from repro.algorithms import agg_loss, kl_penalty
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
+from repro.config_loader import check_inactive_skip
 from repro.distributed import init_distributed
-from repro.workers import checkpoint
+from repro.policy_losses import compute_policy_loss_by_mode
+from repro.workers import checkpoint, lora, ulysses
 from repro.workers.batches import (
     Batch,
     batch_size,
@@ -37,38 +34,24 @@ from repro.workers.batches import (
     select,
 )
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+from repro.workers.logprob import token_log_probs
+from repro.workers.packing import pack
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "ref")
 
 
-def check_inactive_skip(cfg: RunConfig, world_size: int) -> bool:
-    """Whether the inactive-micro-batch shortcut is on; refuses it in multi-rank data parallel.
-
-    Skipping backward for a micro-batch with no response tokens is a rank-local decision, so
-    ranks stop issuing the same collectives: in the historical ZeRO-2 hang rank 0 skipped its
-    backward and entered a 1-element all_reduce (the overflow check in ``step()``) while rank 1
-    was in a 440467456-element gradient all_reduce of its backward.
-    """
-    actor = cfg.actor_rollout_ref.actor
-    if not actor.skip_inactive_micro_batches:
-        return False
-    if world_size > 1:
-        if not actor.unsafe_allow_skip_in_data_parallel:
-            raise ValueError(
-                f"actor_rollout_ref.actor.skip_inactive_micro_batches=True with {world_size} data-parallel ranks: "
-                "a rank that skips a micro-batch's backward issues different collectives from its peers "
-                "(the ZeRO-2 hang: rank 0 in a 1-element all_reduce, rank 1 in a 440467456-element gradient "
-                "all_reduce). It is allowed only at world size 1; set "
-                "actor_rollout_ref.actor.unsafe_allow_skip_in_data_parallel=True only to reproduce that hang."
-            )
+def inactive_skip_on(cfg: RunConfig, world_size: int) -> bool:
+    """``check_inactive_skip`` on this rank's real world size, with a warning when it is the unsafe case."""
+    on = check_inactive_skip(cfg, world_size)
+    if on and world_size > 1:
         logger.warning(
             "UNSAFE: skip_inactive_micro_batches in data parallel (world size %d): ranks will issue "
             "mismatched collectives and hang or crash; this exists to reproduce the ZeRO-2 hang",
             world_size,
         )
-    return True
+    return on
 
 
 class ActorWorker:
@@ -86,31 +69,63 @@ class ActorWorker:
         self.acfg = arr.actor
         self.ds = resolve_env_knobs(arr.actor.deepspeed if role == "actor" else arr.ref.deepspeed)
         self.plan = plan_role_batch(cfg, "actor")
-        self.skip_inactive = check_inactive_skip(cfg, self.world_size) if role == "actor" else False
+        self.skip_inactive = inactive_skip_on(cfg, self.world_size) if role == "actor" else False
         self.temperature = arr.rollout.temperature if arr.rollout.temperature > 0 else 1.0
+        self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank
         module = load_hf_model(arr.model, torch_dtype(self.ds))
+        self.sp = arr.actor.ulysses_sequence_parallel_size
+        mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
+        if role == "actor" and lora.enabled(arr.model):
+            module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(
             module, self.ds, self.plan,
             optim=arr.actor.optim if role == "actor" else None,
             grad_clip=arr.actor.grad_clip,
-            ds_overrides=ds_overrides,
+            ds_overrides=ds_overrides, mpu=mpu,
         )
         self.updates = 0
         """Update calls so far (seeds the between-epoch shuffle; saved in checkpoints)."""
 
     # ---- forward ---------------------------------------------------------------------------
-    def _response_logits(self, mb: Batch) -> torch.Tensor:
-        """Logits predicting each response token, ``[b, R, V]``, divided by the rollout temperature."""
-        resp_len = mb["responses"].shape[1]
-        out = self.engine.forward(
-            input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-            use_cache=False, logits_to_keep=resp_len + 1,
-        )
-        return out.logits[:, :-1, :] / self.temperature
+    def _log_probs(self, mb: Batch, *, with_entropy: bool,
+                   capacity: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of the response tokens under ``softmax(logits / T)``, ``[b, R]``.
 
-    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False) -> dict[str, torch.Tensor]:
-        """Log-probs (and entropies) of the response tokens under the current weights."""
+        Computed in chunks (:mod:`repro.workers.logprob`); with ``use_remove_padding`` the forward
+        runs on the micro-batch's real tokens packed into rows of ``capacity`` tokens, with
+        sequence parallelism on this rank's slice of the sequence (:mod:`repro.workers.ulysses`).
+        """
+        resp_len = mb["responses"].shape[1]
+        if not self.remove_padding and self.sp == 1:
+            logits = self.engine.forward(
+                input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
+                use_cache=False, logits_to_keep=resp_len + 1,
+            ).logits[:, :-1]
+            return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
+            if self.remove_padding else None
+        ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])
+        log_prob, entropy = ulysses.token_forward(
+            self.engine.forward, ids, pos, self.sp,
+            lambda out, labels: token_log_probs(out.logits, labels, temperature=self.temperature,
+                                                with_entropy=with_entropy))
+        # Padded position j predicts token j + 1: response token t is predicted at P + t - 1.
+        # Positions off the response mask may hold another sample's token: zero them.
+        mask = mb["response_mask"].to(log_prob.dtype)
+        padded = packed.unpack if packed else (lambda t: t)
+        log_prob = padded(log_prob)[:, -resp_len - 1:-1] * mask
+        if entropy is not None:
+            entropy = padded(entropy)[:, -resp_len - 1:-1] * mask
+        return log_prob, entropy
+
+    def compute_log_prob(self, batch: Batch, calculate_entropy: bool = False, *,
+                         without_adapters: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs (and entropies) of the response tokens under the current weights.
+
+        ``without_adapters``: under the base model of a LoRA actor (the reference policy of a
+        LoRA run, which therefore needs no copy of its own); the actor's rollout micro-batching.
+        """
         rollout, ref = self.cfg.actor_rollout_ref.rollout, self.cfg.actor_rollout_ref.ref
         if self.role == "ref":
             micro, dynamic, budget = (ref.log_prob_micro_batch_size_per_gpu, ref.log_prob_use_dynamic_bsz,
@@ -119,24 +134,26 @@ class ActorWorker:
             micro, dynamic, budget = (rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                                       rollout.log_prob_max_token_len_per_gpu)
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
+            budget *= self.sp  # an SP group forwards its ranks' samples together (verl's scaling)
         splits = forward_micro_batches(batch, micro or (None if dynamic else self.plan.micro),
                                        budget if dynamic else None)
         total = batch_size(batch)
         log_probs = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
-        with torch.no_grad():
+        base = lora.adapters_disabled(self.engine.module) if without_adapters else contextlib.nullcontext()
+        with torch.no_grad(), base:
             for idx in splits:
                 mb = select(batch, idx)
-                logits = self._response_logits(mb)
+                lp, ent = self._log_probs(mb, with_entropy=calculate_entropy, capacity=budget if dynamic else None)
                 rows = torch.as_tensor(idx, device=log_probs.device)
-                log_probs[rows] = logprobs_from_logits(logits, mb["responses"])
+                log_probs[rows] = lp.float()
                 if entropy is not None:
-                    entropy[rows] = entropy_from_logits(logits.float())
+                    entropy[rows] = ent.float()
         assert sum(len(i) for i in splits) == total
-        out = {"log_probs": log_probs.cpu()}
-        if entropy is not None:
-            out["entropy"] = entropy.cpu()
-        return out
+        out = {"log_probs": log_probs, **({"entropy": entropy} if entropy is not None else {})}
+        return {k: (ulysses.own_rows(v, self.sp) if self.sp > 1 else v).cpu() for k, v in out.items()}
 
     def _to_device(self, batch: Batch) -> Batch:
         dev = self.engine.device
@@ -149,27 +166,31 @@ class ActorWorker:
             raise ValueError("update_policy called on the frozen reference policy (role='ref')")
         a = self.acfg
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
         if a.use_kl_loss and "ref_log_prob" not in batch:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=True needs 'ref_log_prob' in the batch")
         seed = (a.data_loader_seed if a.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
         minis = plan_mini_batches(
             batch, self.plan.per_rank_mini, a.ppo_epochs, shuffle=a.shuffle, seed=seed,
             micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None,
+            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
         )
         low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
         high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
-        dp = float(self.world_size)
+        dp = float(self.world_size // self.sp)
+        capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, token_weights = [], []
         for mini in minis:
             denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
-                logits = self._response_logits(mb)
                 mask = mb["response_mask"].to(torch.float32)
-                log_prob = logprobs_from_logits(logits, mb["responses"])
-                pg = compute_policy_loss(mb["old_log_probs"].float(), log_prob, mb["advantages"].float(), mask,
-                                         low, high, a.clip_ratio_c, a.loss_agg_mode, **denoms)
+                log_prob, entropy = self._log_probs(mb, with_entropy=a.entropy_coeff != 0, capacity=capacity)
+                pg = compute_policy_loss_by_mode(a.policy_loss.loss_mode, mb["old_log_probs"].float(), log_prob,
+                                                 mb["advantages"].float(), mask, low=low, high=high,
+                                                 clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode,
+                                                 params=a.policy_loss, **denoms)
                 loss = pg.loss
                 # Statistics stay tensors (no device sync per micro-batch); read once per update.
                 tokens = mask.sum()
@@ -181,7 +202,6 @@ class ActorWorker:
                 }
                 if a.entropy_coeff != 0:
                     # Without an entropy bonus the trainer reports entropy from compute_log_prob.
-                    entropy = entropy_from_logits(logits.float())
                     loss = loss - a.entropy_coeff * agg_loss(entropy, mask, a.loss_agg_mode, **denoms)
                     stats["actor/entropy"] = (entropy.detach() * mask).sum()
                 if a.use_kl_loss:
@@ -189,8 +209,8 @@ class ActorWorker:
                     kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **denoms)
                     loss = loss + a.kl_loss_coef * kl_loss
                     stats["actor/kl_loss"] = kl_loss.detach() * dp
-                # DeepSpeed averages gradients over the dp ranks; the loss already divides by the
-                # global count, so undo the average.
+                # DeepSpeed averages gradients over the dp ranks (and sums the SP ranks' parts); the
+                # loss already divides by the global count, so undo the average.
                 return loss * dp, stats
 
             inactive = [float(mb["response_mask"].sum()) == 0 for mb in mini.micro_batches] if self.skip_inactive else None
@@ -226,12 +246,21 @@ class ActorWorker:
         """Full weights, one tensor at a time, with Hugging Face names (collective at ZeRO-3)."""
         return checkpoint.iter_full_weights(self.engine)
 
-    def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
-        return checkpoint.save_worker(self, root, step, extra, keep=self.cfg.trainer.max_actor_ckpt_to_keep)
+    def save_checkpoint(self, path: str, step: int, extra: dict) -> str:
+        """One checkpoint into the folder ``path`` (every rank calls it); the step series is the driver's."""
+        return checkpoint.save_worker(self, path, step, extra, model=self.cfg.actor_rollout_ref.model,
+                                      contents=self.cfg.actor_rollout_ref.actor.checkpoint.save_contents)
 
-    def load_checkpoint(self, root: str) -> dict | None:
-        return checkpoint.load_worker(self, root)
+    def load_checkpoint(self, path: str) -> dict:
+        return checkpoint.load_worker(self, path)
 
     def export_hf(self, out_dir: str) -> None:
         checkpoint.export_hf(self.engine, out_dir,
                              tokenizer_dir=checkpoint.tokenizer_dir(self.cfg.actor_rollout_ref.model))
+
+    def export_lora_adapter(self, out_dir: str) -> None:
+        """A peft adapter folder of a LoRA actor (load with ``PeftModel.from_pretrained``); all ranks call."""
+        if not lora.is_lora(self.engine.module):
+            raise ValueError("export_lora_adapter needs actor_rollout_ref.model.lora_rank > 0")
+        lora.save_adapter(self.engine.module, out_dir, self.ds.zero_stage == 3, self.rank == 0)
+        dist.barrier()

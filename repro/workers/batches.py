@@ -44,7 +44,8 @@ class MiniBatch:
     global_tokens: float
     """Response tokens of the whole mini-batch over all dp ranks (token-mean denominator)."""
     global_seqs: float
-    """Samples of the whole mini-batch over all dp ranks (seq-mean denominator)."""
+    """Samples with a response token in the whole mini-batch over all dp ranks (seq-mean denominator;
+    at least 1)."""
     local_tokens: float
 
 
@@ -57,11 +58,13 @@ def plan_mini_batches(
     seed: int,
     micro: int | None,
     max_token_len: int | None,
+    sp: int = 1,
 ) -> list[MiniBatch]:
     """All mini-batches of an update call (every epoch), with globally agreed counts.
 
     ``micro`` set: fixed micro-batches of that many samples. ``max_token_len`` set: token-budget
-    micro-batches, as many on every rank as the rank that needs the most.
+    micro-batches, as many on every rank as the rank that needs the most. ``sp``: the ranks of an
+    SP group hold the same samples, so the world's sums count each sample sp times.
     """
     total = batch_size(batch)
     if total % per_rank_mini:
@@ -80,7 +83,10 @@ def plan_mini_batches(
     minis = [select(batch, idx) for idx in orders]
     mask_key = "response_mask"
     local = [float(m[mask_key].sum()) for m in minis]
-    counts = all_reduce_counts(local + [float(per_rank_mini)] * len(minis))
+    # An empty (aborted) response counts for no sequence, as in repro.algorithms.agg_loss and verl.
+    nonempty = [float((m[mask_key].sum(dim=-1) > 0).sum()) for m in minis]
+    # The ranks of one sequence-parallel group hold the same samples: count each group once.
+    counts = [c / sp for c in all_reduce_counts(local + nonempty)]
     tokens, seqs = counts[: len(minis)], counts[len(minis):]
     if max_token_len is not None:
         need = [float(min_micro_batches(seq_lens(m), max_token_len)) for m in minis]
@@ -90,7 +96,7 @@ def plan_mini_batches(
         assert micro is not None and micro > 0
         splits = [[list(range(s, min(s + micro, per_rank_mini))) for s in range(0, per_rank_mini, micro)] for _ in minis]
     return [
-        MiniBatch([select(m, idx) for idx in split], tokens[i], seqs[i], local[i])
+        MiniBatch([select(m, idx) for idx in split], tokens[i], max(seqs[i], 1.0), local[i])
         for i, (m, split) in enumerate(zip(minis, splits, strict=True))
     ]
 

@@ -1,16 +1,17 @@
-"""Checkpoints of a trainable role: DeepSpeed's native files plus what an exact resume needs.
+"""One checkpoint of a trainable role in one folder: DeepSpeed's native files plus what an exact resume needs.
 
-Layout under a role's checkpoint root::
+Layout of the folder a save is given::
 
-    step_12/            a complete checkpoint (renamed from step_12.tmp once every rank wrote)
-      ds/ckpt/...       engine.save_checkpoint (model, optimizer, scheduler; every ZeRO stage)
-      rank0_state.pt    per rank: python/numpy/torch RNG states, worker state, ``extra``
-      meta.json         step, dp size, ZeRO stage, config digest (written last, inside .tmp)
-    latest              "step_12", replaced by rename after the directory rename
+    ds/ckpt/...         engine.save_checkpoint (model, optimizer, scheduler; every ZeRO stage)
+    rank0_state.pt      per rank: python/numpy/torch RNG states, worker state, ``extra``
+    meta.json           step, dp size, ZeRO stage, config digest (written last, by rank 0)
+    huggingface/        with ``hf_model`` in ``checkpoint.save_contents``: ``export_hf`` of it
 
-A save killed at any point leaves at most a ``step_N.tmp`` directory that is never loaded; the
-``latest`` pointer moves only after the complete directory exists. Old checkpoints beyond
-``keep`` are removed after a successful save, never the newest nor the one this process loaded.
+Step folders, the ``latest`` marker, manifests, verification and pruning belong to
+``repro.checkpoint_store`` (the driver's job); this module only fills and reads one folder.
+``checkpoint.save_contents`` / ``load_contents`` are checked in ``repro.config``: DeepSpeed
+writes and reads model, optimizer (with the LR scheduler) and ``extra`` as one exact-resume
+unit, so those three are required; ``hf_model`` adds a Hugging Face export to a save.
 ``export_hf`` writes a Hugging Face folder (safetensors) from any ZeRO stage; ``iter_full_weights``
 yields gathered weights one tensor at a time (a collective at ZeRO-3). ``save_worker`` /
 ``load_worker`` are the actor's and critic's save/resume (their update counter travels along).
@@ -24,7 +25,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,14 +35,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from repro.checkpoint_store import write_json_atomic
+from repro.workers import lora
+
 if TYPE_CHECKING:
     from repro.workers.engine import RoleEngine
 
 logger = logging.getLogger(__name__)
 
-LATEST = "latest"
 DS_TAG = "ckpt"
-_STEP_DIR = re.compile(r"^step_(\d+)$")
+META = "meta.json"
+HF_DIR = "huggingface"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja",
                     "generation_config.json")
@@ -100,95 +103,37 @@ def _world() -> int:
     return dist.get_world_size() if dist.is_initialized() else 1
 
 
-def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def complete_steps(root: str | os.PathLike) -> list[int]:
-    """Steps with a complete checkpoint under ``root`` (a ``meta.json`` in ``step_N``), ascending."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    steps = []
-    for child in root.iterdir():
-        m = _STEP_DIR.match(child.name)
-        if m and (child / "meta.json").is_file():
-            steps.append(int(m.group(1)))
-    return sorted(steps)
-
-
-def save(engine: RoleEngine, root: str, step: int, extra: dict, *, state: dict | None = None,
-         keep: int | None = None, digest_source: Any = None) -> str:
-    """Save a checkpoint of ``engine`` at ``step`` (every rank calls it); returns its directory."""
+def save(engine: RoleEngine, path: str, step: int, extra: dict, *, state: dict | None = None,
+         digest_source: Any = None) -> str:
+    """Save a checkpoint of ``engine`` into the folder ``path`` (every rank calls it); returns ``path``."""
     assert engine.trainable and engine.engine is not None, "only trainable roles save checkpoints"
-    root_p = Path(root)
-    final = root_p / f"step_{step}"
-    tmp = root_p / f"step_{step}.tmp"
+    folder = Path(path)
     if _rank() == 0:
-        root_p.mkdir(parents=True, exist_ok=True)
-        if tmp.exists():
-            shutil.rmtree(tmp)  # debris of an interrupted save
-        tmp.mkdir()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / META).unlink(missing_ok=True)  # an overwritten folder is incomplete until the end
     _barrier()
-    engine.engine.save_checkpoint(str(tmp / "ds"), tag=DS_TAG, client_state={}, save_latest=False)
+    # A LoRA actor's frozen base is the model folder's: the checkpoint holds the adapters only.
+    engine.engine.save_checkpoint(str(folder / "ds"), tag=DS_TAG, client_state={}, save_latest=False,
+                                  exclude_frozen_parameters=lora.is_lora(engine.module))
     payload = {"rng": _rng_state(), "state": state or {}, "extra": extra, "step": step}
-    rank_file = tmp / f"rank{_rank()}_state.pt"
+    rank_file = folder / f"rank{_rank()}_state.pt"
     torch.save(payload, str(rank_file) + ".tmp")
     os.replace(str(rank_file) + ".tmp", rank_file)
     _barrier()
     if _rank() == 0:
         meta = {"step": step, "dp": _world(), "zero_stage": engine.ds.zero_stage,
                 "config_digest": config_digest(digest_source) if digest_source is not None else None}
-        _write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=1))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _write_text_atomic(root_p / LATEST, final.name)
-        if keep is not None and keep > 0:
-            _prune(root_p, keep, protect={step, getattr(engine, "loaded_step", None)})
+        write_json_atomic(folder / META, meta)
     _barrier()
-    return str(final)
-
-
-def _prune(root: Path, keep: int, protect: set) -> None:
-    steps = complete_steps(root)
-    for old in steps[:-keep] if len(steps) > keep else []:
-        if old not in protect:
-            shutil.rmtree(root / f"step_{old}", ignore_errors=True)
-
-
-def latest_path(root: str) -> str | None:
-    """The directory ``latest`` names if complete, else the newest complete one, else None."""
-    root_p = Path(root)
-    pointer = root_p / LATEST
-    if pointer.is_file():
-        named = root_p / pointer.read_text().strip()
-        if (named / "meta.json").is_file():
-            return str(named)
-        logger.warning("checkpoint pointer %s names %s, which is not a complete checkpoint; "
-                       "using the newest complete one", pointer, named)
-    steps = complete_steps(root_p)
-    return str(root_p / f"step_{steps[-1]}") if steps else None
-
-
-def load_latest(engine: RoleEngine, root: str) -> Loaded | None:
-    """Load the latest complete checkpoint under ``root``; None when there is none."""
-    path = latest_path(root)
-    return None if path is None else load(engine, path)
+    return str(folder)
 
 
 def load(engine: RoleEngine, path: str, *, digest_source: Any = None) -> Loaded:
-    """Load the checkpoint directory ``path`` into ``engine`` and restore this rank's RNG states."""
+    """Load the checkpoint folder ``path`` into ``engine`` and restore this rank's RNG states."""
     p = Path(path)
-    meta_file = p / "meta.json"
+    meta_file = p / META
     if not meta_file.is_file():
-        raise ValueError(f"checkpoint {p} is missing or incomplete (no {meta_file.name}); "
-                         "an interrupted save leaves a .tmp directory, which is never loaded")
+        raise ValueError(f"checkpoint {p} is missing or incomplete (no {meta_file.name}, which a save writes last)")
     try:
         meta = json.loads(meta_file.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -207,7 +152,8 @@ def load(engine: RoleEngine, path: str, *, digest_source: Any = None) -> Loaded:
     rank_file = p / f"rank{_rank()}_state.pt"
     try:
         loaded_path, _ = engine.engine.load_checkpoint(str(p / "ds"), tag=DS_TAG, load_optimizer_states=True,
-                                                       load_lr_scheduler_states=True)
+                                                       load_lr_scheduler_states=True,
+                                                       load_module_strict=not lora.is_lora(engine.module))
         payload = torch.load(rank_file, weights_only=False)
     except (OSError, RuntimeError, EOFError, KeyError, ValueError, AssertionError) as err:
         raise ValueError(f"checkpoint {p} could not be loaded ({type(err).__name__}: {err})") from err
@@ -227,6 +173,9 @@ def iter_full_weights(engine: RoleEngine) -> Iterator[tuple[str, torch.Tensor]]:
     iterator); below ZeRO-3 every rank already holds the full (training-dtype) parameters.
     """
     zero3 = engine.engine is not None and engine.ds.zero_stage == 3
+    if lora.is_lora(engine.module):
+        yield from lora.merged_weights(engine.module, zero3)
+        return
     if not zero3:
         for name, param in engine.module.named_parameters():
             yield name, param.detach()
@@ -250,7 +199,7 @@ def export_hf(engine: RoleEngine, out_dir: str, *, tokenizer_dir: str | None = N
         tmp = out.with_name(out.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        engine.module.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        lora.base_model(engine.module).save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
         if tokenizer_dir:
             for name in _TOKENIZER_FILES:
                 src = Path(tokenizer_dir) / name
@@ -262,17 +211,18 @@ def export_hf(engine: RoleEngine, out_dir: str, *, tokenizer_dir: str | None = N
     _barrier()
 
 
-def save_worker(worker: TrainableWorker, root: str, step: int, extra: dict, *, keep: int | None) -> str:
-    """``save`` of a worker's engine with its update counter; ``keep`` as in ``save``."""
-    return save(worker.engine, root, step, extra, state={"updates": worker.updates}, keep=keep,
-                digest_source=worker.cfg)
+def save_worker(worker: TrainableWorker, path: str, step: int, extra: dict, *, model: Any,
+                contents: list[str]) -> str:
+    """``save`` of a worker's engine with its update counter; ``hf_model`` in ``contents`` adds an HF export."""
+    out = save(worker.engine, path, step, extra, state={"updates": worker.updates}, digest_source=worker.cfg)
+    if "hf_model" in contents:
+        export_hf(worker.engine, os.path.join(path, HF_DIR), tokenizer_dir=tokenizer_dir(model))
+    return out
 
 
-def load_worker(worker: TrainableWorker, root: str) -> dict | None:
-    """Load the latest checkpoint under ``root`` into a worker; its ``extra``, or None when there is none."""
-    loaded = load_latest(worker.engine, root)
-    if loaded is None:
-        return None
+def load_worker(worker: TrainableWorker, path: str) -> dict:
+    """Load the checkpoint folder ``path`` into a worker; returns its ``extra``."""
+    loaded = load(worker.engine, path, digest_source=worker.cfg)
     worker.updates = int(loaded.state.get("updates", 0))
     return loaded.extra
 

@@ -17,7 +17,7 @@ from repro.algorithms import compute_value_loss, masked_mean
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
-from repro.workers import checkpoint
+from repro.workers import checkpoint, ulysses
 from repro.workers.batches import (
     Batch,
     batch_size,
@@ -27,6 +27,7 @@ from repro.workers.batches import (
     select,
 )
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+from repro.workers.packing import pack
 
 
 class CriticWorker:
@@ -40,17 +41,31 @@ class CriticWorker:
         self.ds = resolve_env_knobs(cfg.critic.deepspeed_config)
         self.plan = plan_role_batch(cfg, "critic")
         model_cfg = cfg.critic.model
+        self.remove_padding = bool(model_cfg.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # same value-head init on every rank and run
         module = load_hf_model(model_cfg, torch_dtype(self.ds), value_head=True)
+        self.sp = cfg.critic.ulysses_sequence_parallel_size
+        mpu = ulysses.enable(module, self.sp, "critic") if self.sp > 1 else None
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
-                                 grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides)
+                                 grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides, mpu=mpu)
         self.updates = 0
 
-    def _values(self, mb: Batch) -> torch.Tensor:
+    def _values(self, mb: Batch, capacity: int | None = None) -> torch.Tensor:
+        """Values predicting each response token, ``[b, R]``; packed rows of ``capacity`` tokens
+        with ``use_remove_padding`` (:mod:`repro.workers.packing`), this rank's slice of the
+        sequence with sequence parallelism (:mod:`repro.workers.ulysses`)."""
         resp_len = mb["responses"].shape[1]
-        out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                  position_ids=mb["position_ids"], use_cache=False)
-        return out.logits[:, -resp_len - 1:-1, 0].float()
+        if not self.remove_padding and self.sp == 1:
+            out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
+                                      position_ids=mb["position_ids"], use_cache=False)
+            return out.logits[:, -resp_len - 1:-1, 0].float()
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
+            if self.remove_padding else None
+        ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])
+        (values,) = ulysses.token_forward(self.engine.forward, ids, pos, self.sp,
+                                          lambda out, labels: (out.logits[..., 0].float(),))
+        values = packed.unpack(values) if packed else values
+        return values[:, -resp_len - 1:-1] * mb["response_mask"]
 
     def _to_device(self, batch: Batch) -> Batch:
         dev = self.engine.device
@@ -60,34 +75,40 @@ class CriticWorker:
         """Values of the response positions, zero on padding, ``[B, R]``."""
         c = self.ccfg
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
         micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu or None
-        splits = forward_micro_batches(batch, micro, c.forward_max_token_len_per_gpu if c.use_dynamic_bsz else None)
+        budget = c.forward_max_token_len_per_gpu * self.sp if c.use_dynamic_bsz else None
+        splits = forward_micro_batches(batch, micro, budget)
         values = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         with torch.no_grad():
             for idx in splits:
                 mb = select(batch, idx)
-                values[torch.as_tensor(idx, device=values.device)] = self._values(mb) * mb["response_mask"]
+                values[torch.as_tensor(idx, device=values.device)] = self._values(mb, budget) * mb["response_mask"]
         assert sum(len(i) for i in splits) == batch_size(batch)
-        return {"values": values.cpu()}
+        return {"values": (ulysses.own_rows(values, self.sp) if self.sp > 1 else values).cpu()}
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """PPO epochs of clipped value-loss updates: one optimizer update per mini-batch."""
         c = self.ccfg
         batch = self._to_device(batch)
+        if self.sp > 1:
+            batch = ulysses.gather_rows(batch, self.sp)
         seed = (c.data_loader_seed if c.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
         minis = plan_mini_batches(
             batch, self.plan.per_rank_mini, c.ppo_epochs, shuffle=c.shuffle, seed=seed,
             micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None,
+            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
         )
-        dp = float(self.world_size)
+        dp = float(self.world_size // self.sp)
+        capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, weights = [], []
         for mini in minis:
             denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
                 mask = mb["response_mask"].to(torch.float32)
-                vpreds = self._values(mb)
+                vpreds = self._values(mb, capacity)
                 vf = compute_value_loss(vpreds, mb["returns"].float(), mb["values"].float(), mask,
                                         c.cliprange_value, c.loss_agg_mode, **denoms)
                 tokens = mask.sum()
@@ -119,11 +140,13 @@ class CriticWorker:
     def iter_full_weights(self):
         return checkpoint.iter_full_weights(self.engine)
 
-    def save_checkpoint(self, root: str, step: int, extra: dict) -> str:
-        return checkpoint.save_worker(self, root, step, extra, keep=self.cfg.trainer.max_critic_ckpt_to_keep)
+    def save_checkpoint(self, path: str, step: int, extra: dict) -> str:
+        """One checkpoint into the folder ``path`` (every rank calls it); the step series is the driver's."""
+        return checkpoint.save_worker(self, path, step, extra, model=self.ccfg.model,
+                                      contents=self.ccfg.checkpoint.save_contents)
 
-    def load_checkpoint(self, root: str) -> dict | None:
-        return checkpoint.load_worker(self, root)
+    def load_checkpoint(self, path: str) -> dict:
+        return checkpoint.load_worker(self, path)
 
     def export_hf(self, out_dir: str) -> None:
         checkpoint.export_hf(self.engine, out_dir, tokenizer_dir=checkpoint.tokenizer_dir(self.ccfg.model))

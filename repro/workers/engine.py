@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from repro.distributed import on_cpu
+from repro.devices import nvml_used_gb, on_cpu
 from repro.ds_config import build_ds_config, resolve_model_dtype
 
 if TYPE_CHECKING:
@@ -117,18 +117,9 @@ def memory_metrics() -> dict[str, float]:
         return out
     out["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated() / 2**30
     out["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved() / 2**30
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        index = torch.cuda.current_device()
-        if visible and not visible.startswith("GPU-"):
-            index = int(visible.split(",")[index])
-        info = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index))
-        out["perf/nvml_memory_used_gb"] = info.used / 2**30
-    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion
-        pass
+    used = nvml_used_gb()
+    if used is not None:
+        out["perf/nvml_memory_used_gb"] = used
     return out
 
 
@@ -170,6 +161,7 @@ class RoleEngine:
         optim: OptimConfig | None,
         grad_clip: float,
         ds_overrides: dict[str, Any] | None = None,
+        mpu: Any = None,
     ) -> None:
         import deepspeed
 
@@ -189,13 +181,20 @@ class RoleEngine:
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         self.engine: Any = None
+        self.zero3_leaves: list[str] = []
+        """Decoder layer classes fetched as ZeRO-3 leaf modules (empty below ZeRO-3 or when off)."""
+        if ds.zero_stage == 3 and ds.zero3_leaf_modules:
+            from repro.workers.zero3_leaf import mark_zero3_leaves
+
+            self.zero3_leaves = mark_zero3_leaves(module)
         if self.trainable:
             params = [p for p in module.parameters() if p.requires_grad]
-            self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config)
+            self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config,
+                                                        mpu=mpu)
             self.module = self.engine.module
         elif ds.zero_stage == 3:
             module.requires_grad_(False)
-            self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config)
+            self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config, mpu=mpu)
             self.module = self.engine.module
         else:
             # A frozen role below ZeRO-3 gains nothing from an engine: a plain module in eval mode.

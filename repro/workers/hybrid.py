@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.devices import nvml_used_gb
+from repro.workers import lora
 
 Batch = dict[str, torch.Tensor]
 
@@ -24,22 +26,6 @@ def sampling_seed(seed: int, step: int, rank: int, purpose: str = "train") -> in
     """The rollout seed of one rank at one step: reproducible, distinct across steps and ranks."""
     digest = hashlib.sha256(f"repro.rollout:{purpose}:{seed}:{step}:{rank}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
-
-
-def _nvml_used_gb() -> float | None:
-    """Memory in use on this rank's GPU as the driver sees it (NVML), or None off CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        index = int(visible.split(",")[torch.cuda.current_device()]) if visible else torch.cuda.current_device()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return pynvml.nvmlDeviceGetMemoryInfo(handle).used / 2**30
-    except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion on memory
-        return None
 
 
 def _quiet_libraries() -> None:
@@ -70,7 +56,9 @@ class HybridWorker:
         self.cfg = cfg
         self.rank = torch.distributed.get_rank()
         self.actor = ActorWorker(cfg, role="actor")
-        self.ref = ActorWorker(cfg, role="ref") if ref_policy_used(cfg) else None
+        # A LoRA actor is its own reference: the base model with the adapters disabled.
+        self.ref_in_actor = lora.enabled(cfg.actor_rollout_ref.model)
+        self.ref = ActorWorker(cfg, role="ref") if ref_policy_used(cfg) and not self.ref_in_actor else None
         self.critic = None
         if critic_enabled(cfg):
             from repro.workers.critic import CriticWorker
@@ -95,6 +83,8 @@ class HybridWorker:
         return self.actor.compute_log_prob(batch, calculate_entropy=True)
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
+        if self.ref_in_actor:
+            return self.actor.compute_log_prob(batch, without_adapters=True)
         assert self.ref is not None, "reference policy requested but no KL term is configured"
         return self.ref.compute_log_prob(batch)
 
@@ -103,8 +93,12 @@ class HybridWorker:
         return self.critic.compute_values(batch)
 
     def update_actor(self, batch: Batch) -> dict[str, float]:
+        from repro.workers.placement import placement_metrics
+
         metrics = self.actor.update_policy(batch)
         self._sample_nvml()
+        # Read from the engine each step (a few attribute reads) so every metrics row carries it.
+        metrics.update(placement_metrics(self.actor.engine.engine))
         return self._with_memory(metrics)
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
@@ -114,13 +108,13 @@ class HybridWorker:
         return self._with_memory(metrics)
 
     def _sample_nvml(self) -> None:
-        used = _nvml_used_gb()
+        used = nvml_used_gb()
         if used is not None:
             self._nvml_peak = max(self._nvml_peak, used)
 
     def _with_memory(self, metrics: dict[str, float]) -> dict[str, float]:
         metrics = dict(metrics)
-        if torch.cuda.is_available() and self.rollout.device.type == "cuda":
+        if self.rollout.device.type == "cuda":
             metrics.setdefault("perf/max_memory_allocated_gb", torch.cuda.max_memory_allocated() / 2**30)
             metrics.setdefault("perf/max_memory_reserved_gb", torch.cuda.max_memory_reserved() / 2**30)
             if self._nvml_peak:
@@ -139,10 +133,8 @@ class HybridWorker:
     def load_checkpoint(self, root: str) -> dict[str, Any]:
         """Load the checkpoint that ``save_checkpoint(root, ...)`` wrote (one step per root)."""
         extra = self.actor.load_checkpoint(os.path.join(root, "actor"))
-        if extra is None:
-            raise ValueError(f"checkpoint {root} has no complete actor checkpoint under {root}/actor")
-        if self.critic is not None and self.critic.load_checkpoint(os.path.join(root, "critic")) is None:
-            raise ValueError(f"checkpoint {root} has no complete critic checkpoint under {root}/critic")
+        if self.critic is not None:
+            self.critic.load_checkpoint(os.path.join(root, "critic"))
         return extra
 
     def export_hf(self, out_dir: str) -> None:

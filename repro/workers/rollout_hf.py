@@ -19,7 +19,6 @@ with this module's ``load_weights`` / ``generate`` signature, returned by ``make
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from repro.config import RunConfig
+from repro.devices import default_device
 
 
 def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -34,13 +34,6 @@ def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     if dtype == "bfloat16" or (dtype == "auto" and device.type == "cuda"):
         return torch.bfloat16
     return torch.float32
-
-
-def default_device() -> torch.device:
-    """The rank's device: its CUDA device on GPU runs, CPU under ``DS_ACCELERATOR=cpu``."""
-    if os.environ.get("DS_ACCELERATOR", "").lower() == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout:

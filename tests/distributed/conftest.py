@@ -1,4 +1,4 @@
-"""Fixtures for multi-rank tests: the `multirank` runner and the automatic `distributed` marker."""
+"""Fixtures for multi-rank tests: the `multirank` runner, the warm `rank_pool` and the `distributed` marker."""
 
 from __future__ import annotations
 
@@ -9,8 +9,15 @@ from typing import Any
 import pytest
 
 from tests.multirank import run_ranks
+from tests.rank_pool import RankPool
 
 _HERE = pathlib.Path(__file__).parent.resolve()
+
+
+# Modules whose tests take a minute or more each on 2 cores (real Ray jobs; dozens of 2-rank
+# property examples). They go first, so that pytest-xdist hands them out before the short tests
+# (longest first keeps both workers busy until the end).
+_LONG_MODULES = ("test_trainer.py", "test_batch_splits.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -18,6 +25,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.resolve().is_relative_to(_HERE):
             item.add_marker(pytest.mark.distributed)
+    # A stable sort: every xdist worker computes the same order, as xdist requires.
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.path.name in _LONG_MODULES))
 
 
 @pytest.fixture
@@ -41,5 +50,24 @@ def multirank(tmp_path: pathlib.Path) -> Callable[..., list]:
             env=env,
             deepspeed=deepspeed,
         )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def rank_pool():
+    """Two warm gloo ranks per pytest(-xdist) worker, shared by the tests of that worker."""
+    with RankPool(size=2) as pool:
+        yield pool
+
+
+@pytest.fixture
+def pooled(rank_pool: RankPool, tmp_path: pathlib.Path) -> Callable[..., list]:
+    """`multirank` on the warm pool: same call, same failure reports, no per-call rank start-up."""
+
+    def run(fn: Callable[..., Any], world_size: int = 2, timeout_s: float = 60, args: tuple = (),
+            env: dict[str, str] | None = None, deepspeed: bool = True) -> list:
+        return rank_pool.run(fn, world_size, tmp_path=tmp_path, timeout_s=timeout_s, args=args, env=env,
+                             deepspeed=deepspeed)
 
     return run

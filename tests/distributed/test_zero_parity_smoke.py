@@ -97,9 +97,9 @@ def reference() -> dict[str, list]:
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_zero_stage_matches_single_process_adamw_for_three_steps(multirank, reference, stage):
+def test_zero_stage_matches_single_process_adamw_for_three_steps(pooled, reference, stage):
     start = time.monotonic()
-    results = multirank(_deepspeed_trajectory, world_size=WORLD_SIZE, timeout_s=120, args=(stage,))
+    results = pooled(_deepspeed_trajectory, world_size=WORLD_SIZE, timeout_s=120, args=(stage,))
     print(f"ZeRO-{stage}: 2 ranks x {STEPS} steps took {time.monotonic() - start:.1f} s")
 
     initial = _snapshot(_build_model())

@@ -133,7 +133,7 @@ def _check_rank_setup(worker, stage: int) -> dict:
     """What the rank really runs on: device, backend, dtype, ZeRO stage, partitioning."""
     import torch.distributed as dist
 
-    from repro.distributed import on_cpu
+    from repro.devices import on_cpu
 
     module = worker.engine.module
     params = list(module.parameters())
@@ -351,7 +351,7 @@ def test_bf16_resume_on_nccl_equals_uninterrupted_run_and_export_matches(tmp_pat
             assert err < RESUME_REL_TOL, f"{case} rank {rank}: resumed vs uninterrupted rel error {err:.3e}"
             bitwise &= all(torch.equal(a["master"][k], b["master"][k]) for k in a["master"])
             bitwise &= all(torch.equal(a["weights"][k], b["weights"][k]) for k in a["weights"])
-        assert Path(full[0][i]["path"]).name == f"step_{SAVE_AT}", case
+        assert Path(full[0][i]["path"]).name == f"{role}{stage}", case  # one checkpoint, one folder
         # The exported folder reloads with transformers and holds exactly the gathered weights.
         auto = AutoModelForCausalLM if role == "actor" else AutoModelForTokenClassification
         loaded = dict(auto.from_pretrained(full[0][i]["export"], dtype=torch.bfloat16).named_parameters())

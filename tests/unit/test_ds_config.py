@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
-import repro.ds_config as ds_config
 from repro.batching import RoleBatchPlan
 from repro.config import DeepSpeedConfig, OptimConfig
 from repro.ds_config import OffloadPlan, build_ds_config, build_scheduler, resolve_offload
@@ -24,16 +21,11 @@ def _plan(dp: int, mini_samples: int, micro: int, samples_per_step: int) -> Role
 BENCH_PLAN = _plan(dp=2, mini_samples=16, micro=2, samples_per_step=16)  # micro 2, GAS 4, 2 ranks
 
 
-@pytest.fixture(autouse=True)
-def _fresh_warning_flag(monkeypatch):
-    monkeypatch.setattr(ds_config, "_warned_zero1_offload", False)
-
-
 @pytest.mark.parametrize(
     ("stage", "offload", "param_offload", "want_opt", "want_param"),
     [
         (1, "none", False, None, None),
-        (1, "cpu", False, None, None),
+        (1, "cpu", False, "cpu", None),
         (2, "none", False, None, None),
         (2, "cpu", False, "cpu", None),
         (3, "none", False, None, None),
@@ -62,13 +54,12 @@ def test_zero_benchmark_cases_on_cuda(stage, offload, param_offload, want_opt, w
     assert "data_types" not in cfg
 
 
-def test_zero1_cpu_offload_warns_once_per_process(caplog):
-    with caplog.at_level(logging.WARNING, logger="repro.ds_config"):
-        first = resolve_offload(1, "cpu", False, None)
-        second = resolve_offload(1, "auto", False, None)
-    assert first == second == OffloadPlan("none", "none", None, first.note)
-    assert "ZeRO-1 does not offload" in first.note
-    assert sum("ZeRO-1 does not offload" in r.message for r in caplog.records) == 1
+def test_zero1_cpu_offloads_the_optimizer_unlike_verls_seed():
+    # verl's seed normalised ZeRO-1 + cpu to no offload; DeepSpeed's stage-1/2 optimizer offloads
+    # at stage 1 too (tests/distributed/workers/test_placement.py reads it back from the engine).
+    assert resolve_offload(1, "cpu", False, None) == OffloadPlan("cpu", "none", None, None)
+    assert resolve_offload(1, "auto", False, None) == OffloadPlan("cpu", "none", None, None)
+    assert "ZeRO-1 offloads the optimizer" in resolve_offload(1, "cpu", True, None).note
 
 
 def test_param_offload_only_at_zero3():
@@ -179,3 +170,17 @@ def test_deepspeed_accepts_the_built_schedules():
         assert 0.9e-2 <= max(lrs) <= 1e-2 + 1e-12
         if style != "constant":
             assert lrs[-1] < 1e-2
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_sequence_parallel_counts_dp_ranks_and_turns_off_zero3_reduce_scatter(stage):
+    from dataclasses import replace
+
+    plan = replace(BENCH_PLAN, world=4, dp=2, sp=2, train_batch_size=2 * 4 * 2 * 2)  # micro 2, GAS 4, dp 2, sp 2
+    conf = build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), plan, grad_clip=1.0, on_cuda=True)
+    # given the SP mpu, DeepSpeed checks train_batch_size against micro * GAS * (world / sp)
+    assert conf["train_batch_size"] == 2 * 4 * 2
+    # the stock ZeRO-3 reduce-scatter path halves the SP gradient (test_ulysses pins it)
+    assert conf["zero_optimization"].get("reduce_scatter", True) is (stage != 3)
+    assert build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), BENCH_PLAN, grad_clip=1.0,
+                           on_cuda=True)["zero_optimization"].get("reduce_scatter", True) is True

@@ -142,8 +142,8 @@ def test_kl_loss_adds_a_frozen_reference_policy_and_zero1_offload_warns(monkeypa
         on_cuda=False,
         trainable=False,
     )
-    assert "offload_optimizer" not in plan["actor"]["deepspeed"]["zero_optimization"]
-    assert any("ZeRO-1 does not offload" in w for w in plan["warnings"])
+    # ZeRO-1 offloads the optimizer (unlike verl's seed; see ds_config.resolve_offload).
+    assert plan["actor"]["deepspeed"]["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
 
 
 def test_bad_mini_batch_on_two_gpus_exits_nonzero_naming_the_key(monkeypatch, capsys):
@@ -203,3 +203,15 @@ def test_cli_subprocess_prints_json_as_the_last_line(tmp_path):
     plan = json.loads(proc.stdout.strip().splitlines()[-1])
     assert plan["actor"]["deepspeed"]["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert list(tmp_path.iterdir()) == []  # no Hydra output directory
+
+
+def test_lora_and_sequence_parallel_plan(monkeypatch, capsys):
+    """older_form_sp2 (critic sp=2) with a LoRA actor and a KL loss: the reference is the actor's
+    base model (no engine), and the SP role's DeepSpeed JSON counts data-parallel ranks only."""
+    extra = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.actor.use_kl_loss=True")
+    plan, out, _ = dry_run("older_form_sp2", monkeypatch, capsys, extra=extra)
+    assert plan["ref"] == {"enabled": True, "in_actor": True, "deepspeed": None}
+    assert "ref: the actor's base model with the LoRA adapters disabled" in out
+    batch = plan["batch"]["critic"]
+    assert batch["sp"] == 2 and batch["train_batch_size"] == batch["micro"] * batch["gas"] * batch["dp"] * 2
+    assert plan["critic"]["deepspeed"]["train_batch_size"] == batch["micro"] * batch["gas"] * batch["dp"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from repro.checkpoint_store import CheckpointStore
 from repro.config import RunConfig
 from repro.run_setup import LATEST, choose_run_paths, latest_checkpoint, write_run_state
 
@@ -23,9 +24,9 @@ def _cfg(**trainer) -> RunConfig:
 
 
 def _checkpoint(run_dir, step):
-    ckpt = run_dir / "checkpoints"
-    (ckpt / f"global_step_{step}").mkdir(parents=True)
-    (ckpt / LATEST).write_text(f"{step}\n")
+    store = CheckpointStore(run_dir / "checkpoints")
+    (store.begin(step) / "trainer_state.json").write_text("{}")
+    store.commit(step)
 
 
 def test_fresh_start_makes_a_timestamped_dir(outputs):
@@ -61,10 +62,10 @@ def test_resume_disabled_always_starts_fresh(outputs):
     assert paths.run_dir != run and paths.resumed_from is None
 
 
-def test_marker_naming_a_missing_step_is_an_error(tmp_path):
-    (tmp_path / LATEST).write_text("7\n")
-    with pytest.raises(ValueError, match="global_step_7"):
-        latest_checkpoint(tmp_path)
+def test_marker_naming_a_missing_step_is_not_trusted(tmp_path):
+    _checkpoint(tmp_path, 3)
+    (tmp_path / "checkpoints" / LATEST).write_text("7\n")
+    assert latest_checkpoint(tmp_path / "checkpoints") == (tmp_path / "checkpoints" / "global_step_3", 3)
 
 
 def test_resume_path_must_name_a_step_folder(tmp_path):

@@ -56,9 +56,9 @@ def _rel_error(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> 
 
 
 @pytest.mark.parametrize("stage", [1, 2])
-def test_fp32_accumulation_is_closer_to_fp32_reference_than_bf16(stage, multirank, tmp_path):
+def test_fp32_accumulation_is_closer_to_fp32_reference_than_bf16(stage, pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_grads, 2, timeout_s=120, args=(model_dir, stage))
+    results = pooled(_grads, 2, timeout_s=120, args=(model_dir, stage))
     errors = {}
     for fp32_accum in (False, True):
         res = results[0][fp32_accum]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from repro.checkpoint_store import MARKER, CheckpointStore
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     make_cfg,
@@ -73,12 +74,12 @@ def _resumed(rank: int, world: int, model_dir: str, root: str, cases: list) -> l
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, multirank, tmp_path):
+def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     root = str(tmp_path / "ckpt")
     cases = STAGE_CASES[stage]
-    full = multirank(_uninterrupted, 2, timeout_s=120, args=(model_dir, root, cases))
-    resumed = multirank(_resumed, 2, timeout_s=120, args=(model_dir, root, cases))
+    full = pooled(_uninterrupted, 2, timeout_s=120, args=(model_dir, root, cases))
+    resumed = pooled(_resumed, 2, timeout_s=120, args=(model_dir, root, cases))
     from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
     for i, (role, stage) in enumerate(cases):
@@ -89,7 +90,7 @@ def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, multi
             assert a["metrics"][SAVE_AT:] == b["metrics"], (role, stage)
             for name in a["params"]:
                 assert torch.equal(a["params"][name], b["params"][name]), (role, stage, name)
-        assert Path(full[0][i]["path"]).name == f"step_{SAVE_AT}"
+        assert Path(full[0][i]["path"]).name == f"{role}{stage}"
         # The exported folder reloads with transformers and holds exactly the gathered weights.
         auto = AutoModelForCausalLM if role == "actor" else AutoModelForTokenClassification
         loaded = dict(auto.from_pretrained(full[0][i]["export"], dtype=torch.float32).named_parameters())
@@ -98,13 +99,28 @@ def test_resume_equals_uninterrupted_run_bitwise_and_export_matches(stage, multi
             assert torch.equal(loaded[name].detach(), tensor), (role, stage, name)
 
 
+def _store_save(worker, store: CheckpointStore, rank: int, step: int, extra: dict) -> None:
+    """What the trainer does around a worker save: staging by rank 0, every rank writes, rank 0 commits."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        store.begin(step)
+    dist.barrier()
+    worker.save_checkpoint(str(store.staging(step) / "actor"), step, extra)
+    dist.barrier()
+    if rank == 0:
+        store.commit(step, keep={"actor": 2})
+    dist.barrier()
+
+
 def _save_and_die(rank: int, world: int, model_dir: str, root: str) -> None:
+    store = CheckpointStore(root)
     worker = _worker(model_dir, "actor", 2, world)
     _train(worker, "actor", rank, world, range(1))
-    worker.save_checkpoint(root, 1, {"data_position": 1})
+    _store_save(worker, store, rank, 1, {"data_position": 1})
     _train(worker, "actor", rank, world, range(1, 2))
     if rank == 1:
-        target = Path(root) / "step_2.tmp" / "ds"
+        target = store.staging(2) / "actor" / "ds"
 
         def kill_when_saving() -> None:
             while not target.exists():
@@ -112,15 +128,17 @@ def _save_and_die(rank: int, world: int, model_dir: str, root: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=kill_when_saving, daemon=True).start()
-    worker.save_checkpoint(root, 2, {"data_position": 2})
+    _store_save(worker, store, rank, 2, {"data_position": 2})
     time.sleep(30)  # rank 1 is killed during the save; rank 0 waits to be killed by the harness
 
 
 def _load_after_crash(rank: int, world: int, model_dir: str, root: str) -> dict:
+    store = CheckpointStore(root)
     worker = _worker(model_dir, "actor", 2, world)
-    extra = worker.load_checkpoint(root)
+    found = store.resume()
+    extra = worker.load_checkpoint(str(found.path / "actor"))
     before = sorted(p.name for p in Path(root).iterdir())
-    worker.save_checkpoint(root, 2, {"data_position": 2})
+    _store_save(worker, store, rank, 2, {"data_position": 2})
     return {"extra": extra, "before": before, "after": sorted(p.name for p in Path(root).iterdir())}
 
 
@@ -129,11 +147,11 @@ def test_rank_killed_during_save_leaves_previous_checkpoint_loadable(multirank, 
     root = str(tmp_path / "ckpt")
     with pytest.raises(RankFailure, match="signal|SIGKILL|-9"):
         multirank(_save_and_die, 2, timeout_s=120, args=(model_dir, root))
-    assert (Path(root) / "step_2.tmp").is_dir() and not (Path(root) / "step_2").exists()
-    assert (Path(root) / "latest").read_text() == "step_1"
+    assert (Path(root) / "global_step_2.tmp").is_dir() and not (Path(root) / "global_step_2").exists()
+    assert (Path(root) / MARKER).read_text() == "1\n"
     results = multirank(_load_after_crash, 2, timeout_s=90, args=(model_dir, root))
     for res in results:
         assert res["extra"] == {"data_position": 1}
-        assert "step_1" in res["before"] and "step_2.tmp" in res["before"]
-    assert results[0]["after"] == ["latest", "step_1", "step_2"]
-    assert (Path(root) / "latest").read_text() == "step_2"
+        assert "global_step_1" in res["before"] and "global_step_2.tmp" in res["before"]
+    assert results[0]["after"] == ["global_step_1", "global_step_2", MARKER]
+    assert (Path(root) / MARKER).read_text() == "2\n"

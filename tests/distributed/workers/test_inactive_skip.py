@@ -40,9 +40,9 @@ def _guard_on_two_ranks(rank: int, world: int, model_dir: str) -> dict:
     return out
 
 
-def test_inactive_skip_is_refused_in_data_parallel_unless_unsafe(multirank, tmp_path):
+def test_inactive_skip_is_refused_in_data_parallel_unless_unsafe(pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_guard_on_two_ranks, 2, timeout_s=90, args=(model_dir,))
+    results = pooled(_guard_on_two_ranks, 2, timeout_s=90, args=(model_dir,))
     for res in results:
         assert res["refused"] is not None, "skip_inactive_micro_batches was accepted at world size 2"
         assert "skip_inactive_micro_batches" in res["refused"] and "collectives" in res["refused"]
@@ -62,9 +62,9 @@ def _skip_on_one_rank(rank: int, world: int, model_dir: str) -> dict:
     return {"init": init, "params": params_of(worker), "metrics": metrics}
 
 
-def test_inactive_skip_at_world_size_one_skips_and_matches_reference(multirank, tmp_path):
+def test_inactive_skip_at_world_size_one_skips_and_matches_reference(pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
-    (res,) = multirank(_skip_on_one_rank, 1, timeout_s=90, args=(model_dir,))
+    (res,) = pooled(_skip_on_one_rank, 1, timeout_s=90, args=(model_dir,))
     assert res["metrics"]["actor/inactive_micro_batches_skipped"] == len(EMPTY_ROWS)
     cfg = make_cfg(model_dir, world=1, micro=1, mini=4, train_batch_size=4)
     ref = Reference(cfg, "actor")

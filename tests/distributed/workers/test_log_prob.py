@@ -34,11 +34,11 @@ def _log_probs(rank: int, world: int, model_dir: str) -> list[dict]:
     return out
 
 
-def test_actor_and_reference_log_probs_match_single_process_forward(multirank, tmp_path):
+def test_actor_and_reference_log_probs_match_single_process_forward(pooled, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_log_probs, 2, timeout_s=120, args=(model_dir,))
+    results = pooled(_log_probs, 2, timeout_s=120, args=(model_dir,))
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for rank in range(2):
         mb = shard(make_step_batch(21, SAMPLES), rank, 2)

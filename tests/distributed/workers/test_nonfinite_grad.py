@@ -34,9 +34,9 @@ def _poisoned_updates(rank: int, world: int, model_dir: str) -> list[dict]:
     return out
 
 
-def test_non_finite_grad_norm_skips_that_update_on_every_stage(multirank, tmp_path):
+def test_non_finite_grad_norm_skips_that_update_on_every_stage(pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_poisoned_updates, 2, timeout_s=120, args=(model_dir,))
+    results = pooled(_poisoned_updates, 2, timeout_s=120, args=(model_dir,))
     for rank_results in results:
         for stage, res in zip(STAGES, rank_results, strict=True):
             m = res["metrics"]

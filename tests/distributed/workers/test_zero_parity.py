@@ -1,5 +1,6 @@
 """Actor and critic updates on 2 gloo ranks equal a single-process PyTorch reference (fp32).
 
+At ZeRO-3 the decoder layers are leaf modules (the workers' default, checked on the module).
 Each test runs one ZeRO stage; inside the same two rank processes it trains the actor and the
 critic with and without CPU offload (and with parameter offload at ZeRO-3), so the start-up
 cost is paid once per stage. Two RL steps of two mini-batches (two micro-batches each) each.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from repro.data.tiny_model import toy_qwen3_config
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     Reference,
@@ -60,7 +62,12 @@ def _train_cases(rank: int, world: int, model_dir: str, cases: list[dict]) -> li
             batch = shard(make_step_batch(100 + step, SAMPLES), rank, world)
             update = worker.update_policy if case["role"] == "actor" else worker.update_critic
             metrics.append(update(batch))
-        out.append({"init": init, "final": params_of(worker), "metrics": metrics})
+        from deepspeed.utils import get_z3_leaf_modules
+
+        # Read from the module: which decoder layers DeepSpeed really treats as ZeRO-3 leaves.
+        leaves = sorted({type(m).__name__ for m in get_z3_leaf_modules(worker.engine.module)})
+        out.append({"init": init, "final": params_of(worker), "metrics": metrics, "leaves": leaves,
+                    "n_leaves": len(get_z3_leaf_modules(worker.engine.module))})
         print(f"case {case}: {time.perf_counter() - t0:.1f} s", flush=True)
     return out
 
@@ -69,6 +76,10 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
     for i, case in enumerate(cases):
         cfg = _cfg(model_dir, case, world)
         ranks = [r[i] for r in results]
+        # ZeRO-3 runs with the decoder layers as leaf modules (the workers' default): exact all the same.
+        want_leaves = ["Qwen3DecoderLayer"] if case["stage"] == 3 else []
+        assert ranks[0]["leaves"] == want_leaves, case
+        assert ranks[0]["n_leaves"] == (toy_qwen3_config().num_hidden_layers if case["stage"] == 3 else 0), case
         # Every rank holds the same full weights after gathering.
         assert max_abs_diff(ranks[0]["final"], ranks[1]["final"]) == 0.0, case
         ref = Reference(cfg, case["role"])
@@ -91,9 +102,9 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_actor_and_critic_updates_match_single_process_reference(stage, multirank, tmp_path):
+def test_actor_and_critic_updates_match_single_process_reference(stage, pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     cases = _cases(stage)
-    results = multirank(_train_cases, 2, timeout_s=120, args=(model_dir, cases))
+    results = pooled(_train_cases, 2, timeout_s=120, args=(model_dir, cases))
     torch.manual_seed(0)
     _check_against_reference(model_dir, cases, results, world=2)

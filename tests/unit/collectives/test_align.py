@@ -74,3 +74,16 @@ def test_a_single_inserted_call_is_always_reported_as_extra_on_that_rank(prefix,
     extra = ("all_reduce", 1, "extra.py:1 f")
     d = first_divergence({0: trace(0, prefix + suffix), 1: trace(1, prefix + [extra] + suffix)})
     assert d.kind == "extra" and d.rank_a == 1 and [c.site for c in d.extra_calls] == ["extra.py:1 f"]
+
+
+def test_identical_calls_from_different_lines_are_noted_not_reported():
+    from repro.collectives.align import first_site_difference
+
+    traces = {
+        0: trace(0, [AR4, ("broadcast", 4, "a.py:3 f")]),
+        1: trace(1, [AR4, ("broadcast", 4, "b.py:9 g")]),
+    }
+    assert first_divergence(traces) is None
+    note = first_site_difference(traces)
+    assert "call #2 on group 0" in note and "a.py:3 f on rank 0" in note and "b.py:9 g on rank 1" in note
+    assert first_site_difference({0: trace(0, [AR4]), 1: trace(1, [AR4])}) is None

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from repro.collectives.launch import Target, rank_command
-from repro.collectives_trace import build_parser, main
+from repro.collectives_trace import build_parser, main, stop
 
 SCENARIO = "repro.scenarios.zero2_inactive_micro"
 
@@ -20,8 +20,17 @@ def test_dash_m_target_becomes_a_rank_command_that_run_parses_back_to_the_module
     assert target == Target(SCENARIO, ("--skip-inactive", "-m", "x"), module=True)
     target.check()
     cmd = rank_command(target)
-    assert cmd == [sys.executable, "-m", "repro.collectives_trace", "run", "-m", SCENARIO, "--skip-inactive",
-                   "-m", "x"]
+    assert cmd == [
+        sys.executable,
+        "-m",
+        "repro.collectives_trace",
+        "run",
+        "-m",
+        SCENARIO,
+        "--skip-inactive",
+        "-m",
+        "x",
+    ]
     args = build_parser().parse_args(cmd[3:])
     assert (args.cmd, args.module, args.script) == ("run", [SCENARIO, "--skip-inactive", "-m", "x"], None)
 
@@ -56,17 +65,21 @@ def test_an_unimportable_module_is_refused_before_any_rank_starts(tmp_path, caps
     assert not out.exists()
 
 
-def test_run_dash_m_runs_the_module_as_main_with_its_arguments(tmp_path, monkeypatch):
-    (tmp_path / "argv_probe_q7.py").write_text(textwrap.dedent("""
+def test_run_dash_m_runs_the_module_as_main_with_its_arguments(tmp_path, monkeypatch, request):
+    (tmp_path / "argv_probe_q7.py").write_text(
+        textwrap.dedent("""
         import json, sys
         if __name__ == "__main__":
             with open(sys.argv[1], "w") as f:
                 json.dump({"argv": sys.argv}, f)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("REPRO_COLLECTIVES_TRACE", raising=False)
+    monkeypatch.setenv("REPRO_COLLECTIVES_TRACE", str(tmp_path / "trace"))
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.setattr(sys, "path", list(sys.path))
     record = tmp_path / "argv.json"
+    request.addfinalizer(stop)  # run started tracing in this process
     assert main(["run", "-m", "argv_probe_q7", str(record), "--flag", "-m", "x"]) == 0
     argv = json.loads(record.read_text())["argv"]
     assert argv == [str(tmp_path / "argv_probe_q7.py"), str(record), "--flag", "-m", "x"]
@@ -77,3 +90,35 @@ def test_run_without_a_script_or_module_is_a_usage_error(capsys):
         main(["run"])
     assert exc.value.code == 2
     assert "SCRIPT [ARGS] or -m MODULE [ARGS]" in capsys.readouterr().err
+
+
+def test_launch_refuses_an_out_path_that_is_a_file_in_one_line(tmp_path, capsys):
+    script = tmp_path / "job.py"
+    script.write_text("pass\n")
+    out = tmp_path / "taken"
+    out.write_text("not a directory")
+    assert main(["launch", "--nproc-per-node", "2", "--out", str(out), "--", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {str(out)!r} is an existing file" in err
+
+
+@pytest.mark.parametrize(
+    ("env", "target", "message"),
+    [
+        (None, ["job.py"], "REPRO_COLLECTIVES_TRACE, which is not set"),
+        ("trace", ["no_such_script_q14.py"], "SCRIPT 'no_such_script_q14.py' is not a file"),
+        ("trace", ["-m", "no_such_module_q14"], "MODULE 'no_such_module_q14' (-m) is not importable"),
+    ],
+)
+def test_run_refuses_a_missing_trace_dir_or_target_in_one_line(
+    tmp_path, monkeypatch, capsys, env, target, message
+):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.py").write_text("raise SystemExit('must not run')\n")
+    if env is None:
+        monkeypatch.delenv("REPRO_COLLECTIVES_TRACE", raising=False)
+    else:
+        monkeypatch.setenv("REPRO_COLLECTIVES_TRACE", env)
+    assert main(["run", *target]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err

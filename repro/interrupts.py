@@ -1,0 +1,97 @@
+"""Ctrl-C and SIGTERM: stop cleanly, say where the run stands and how to continue it.
+
+The driver turns SIGTERM into the ``KeyboardInterrupt`` that Ctrl-C raises (:func:`terminate_as_interrupt`),
+so both take one path: the trainer's ``finally`` blocks kill the rank actors and shut Ray down,
+and :func:`mark_interrupted` records ``status: interrupted`` with the last complete checkpoint in
+``run.json`` and returns the one line that tells how to resume. A second signal while that
+cleanup runs is ignored (:func:`ignore_signals`), so it cannot leave processes behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from repro.run_setup import RunPaths, latest_checkpoint, write_run_state
+
+INTERRUPTED_EXIT = 130  # what a shell reports for a command ended by SIGINT
+
+
+_active = False
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within the block, SIGTERM raises ``KeyboardInterrupt`` in the main thread (as Ctrl-C does)."""
+    global _active
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    _active = True
+    try:
+        yield
+    finally:
+        _active = False
+        signal.signal(signal.SIGTERM, previous)
+
+
+def reclaim_sigterm() -> None:
+    """Put the SIGTERM handler back after ``ray.init``, whose core worker installs a crash handler
+    that turns SIGTERM into an abort (exit -6, no cleanup, orphans left)."""
+    if _active and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+@contextlib.contextmanager
+def ignore_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM are ignored within the block (the cleanup after the first one)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def resume_command(argv: list[str] | None = None) -> str:
+    """The command line that continues this run (the same one: auto-resume finds the folder)."""
+    argv = sys.argv[1:] if argv is None else argv
+    return shlex.join([Path(sys.executable).name, "-m", "repro.main_ppo", *argv])
+
+
+def _continue_argv(paths: RunPaths, argv: list[str]) -> list[str]:
+    """``argv`` made to continue ``paths.run_dir``: an explicit resume_path run goes on in its own folder."""
+    if not any(a.lstrip("+").startswith("trainer.resume_mode=resume_path") for a in argv):
+        return argv
+    dropped = ("trainer.resume_mode=", "trainer.resume_from_path=", "trainer.allow_config_change=", "trainer.output_dir=")
+    return [a for a in argv if not a.lstrip("+").startswith(dropped)] + [f"trainer.output_dir={paths.run_dir}"]
+
+
+def mark_interrupted(paths: RunPaths, argv: list[str] | None = None) -> str:
+    """Record the interruption in ``run.json``; returns the line telling how to resume."""
+    try:
+        found = latest_checkpoint(paths.ckpt_dir) if paths.ckpt_dir.is_dir() else None
+    except ValueError:
+        found = None
+    last = str(found[0]) if found else None
+    argv = _continue_argv(paths, sys.argv[1:] if argv is None else argv)
+    write_run_state(paths.run_dir, status="interrupted", last_checkpoint=last,
+                    last_checkpoint_step=found[1] if found else None)
+    if found is None:
+        return (f"interrupted before the first checkpoint: nothing to resume in {paths.run_dir}; "
+                f"run again to start over: {resume_command(argv)}")
+    return (f"interrupted; last complete checkpoint: step {found[1]} ({last}). "
+            f"Resume with: {resume_command(argv)}")

@@ -1,0 +1,96 @@
+"""Log-probs and entropy of the taken tokens, computed in chunks of the vocabulary-wide logits.
+
+``log_softmax(logits.float())`` over a whole micro-batch allocates ``tokens * vocab * 4`` bytes
+(twice more in backward: the saved softmax and its gradient), which for a 150k vocabulary is the
+largest allocation of an RL update. :func:`token_log_probs` walks the logits in chunks of at most
+``chunk_elements`` values: the forward keeps only one fp32 log-sum-exp per token, and the
+backward recomputes the softmax chunk by chunk, writing the gradient straight into one buffer
+of the logits' own dtype (which any backward of the logits needs). Temperature is folded into
+the chunks, so no divided copy of the logits exists either. Entropy is computed in the same
+pass only when asked for.
+
+Gradients (``x = logits / T``, ``p = softmax(x)``, ``lse = logsumexp(x)``):
+``d log p_y / dx = onehot(y) - p`` and ``d H / dx = p * (E_p[x] - x)``, each divided by ``T``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_ELEMENTS = 1 << 22
+"""Values of one fp32 chunk (16 MiB): bounds the temporaries whatever the vocabulary size."""
+
+
+def _chunks(logits: torch.Tensor, chunk_elements: int):
+    """``(b, start, end)`` slices of ``[B, T, V]`` logits with at most ``chunk_elements`` values each."""
+    rows = max(1, chunk_elements // max(1, logits.shape[-1]))
+    for b in range(logits.shape[0]):
+        for start in range(0, logits.shape[1], rows):
+            yield b, start, min(start + rows, logits.shape[1])
+
+
+def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
+    """fp32 for half-precision logits, else the logits' own dtype (fp64 stays exact in tests)."""
+    return torch.promote_types(logits.dtype, torch.float32)
+
+
+class _TokenLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, labels, temperature, with_entropy, chunk_elements):  # noqa: D102
+        shape, acc = logits.shape[:2], _accumulation_dtype(logits)
+        lse = torch.empty(shape, dtype=acc, device=logits.device)
+        log_prob = torch.empty(shape, dtype=acc, device=logits.device)
+        entropy = torch.empty(shape if with_entropy else (0,), dtype=acc, device=logits.device)
+        for b, s, e in _chunks(logits, chunk_elements):
+            x = logits[b, s:e].to(acc) / temperature
+            chunk_lse = torch.logsumexp(x, dim=-1)
+            lse[b, s:e] = chunk_lse
+            log_prob[b, s:e] = x.gather(-1, labels[b, s:e].unsqueeze(-1)).squeeze(-1) - chunk_lse
+            if with_entropy:
+                p = torch.exp(x - chunk_lse.unsqueeze(-1))
+                entropy[b, s:e] = chunk_lse - (p * x).sum(-1)
+        ctx.save_for_backward(logits, labels, lse)
+        ctx.temperature, ctx.with_entropy, ctx.chunk_elements = temperature, with_entropy, chunk_elements
+        return log_prob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_log_prob, grad_entropy):  # noqa: D102
+        logits, labels, lse = ctx.saved_tensors
+        t = ctx.temperature
+        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+        use_entropy = ctx.with_entropy and grad_entropy is not None
+        for b, s, e in _chunks(logits, ctx.chunk_elements):
+            x = logits[b, s:e].to(lse.dtype) / t
+            p = torch.exp(x - lse[b, s:e].unsqueeze(-1))
+            if grad_log_prob is not None:
+                glp = grad_log_prob[b, s:e].to(lse.dtype)
+                g = -p * glp.unsqueeze(-1)
+                g.scatter_add_(-1, labels[b, s:e].unsqueeze(-1), glp.unsqueeze(-1))
+            else:
+                g = torch.zeros_like(p)
+            if use_entropy:
+                mean_x = (p * x).sum(-1, keepdim=True)
+                g += grad_entropy[b, s:e].to(lse.dtype).unsqueeze(-1) * p * (mean_x - x)
+            grad[b, s:e] = (g / t).to(grad.dtype)
+        return grad, None, None, None, None
+
+
+def token_log_probs(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_elements: int = CHUNK_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log softmax(logits / T)[labels]`` and, if asked, the entropy, both ``[B, T]`` (fp32 or wider).
+
+    ``logits`` is ``[B, T, V]`` in any dtype and layout (a slice of the model output is fine);
+    ``labels`` is ``[B, T]``. Differentiable in ``logits``.
+    """
+    if logits.dim() != 3 or labels.shape != logits.shape[:2]:
+        raise ValueError(f"token_log_probs needs logits [B, T, V] and labels [B, T]; got {tuple(logits.shape)} "
+                         f"and {tuple(labels.shape)}")
+    log_prob, entropy = _TokenLogProb.apply(logits, labels.long(), float(temperature), bool(with_entropy),
+                                            int(chunk_elements))
+    return log_prob, (entropy if with_entropy else None)

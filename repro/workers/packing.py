@@ -1,0 +1,99 @@
+"""Remove padding (``use_remove_padding=True``): a micro-batch's real tokens packed into rows.
+
+verl's padded layout spends attention and MLP work on pad tokens (left-padded prompts,
+right-padded responses). Packing copies each sample's real tokens (the attention mask's ones,
+contiguous in that layout) back to back into rows, first-fit under a token capacity (the padded
+width ``S``, or the token budget of ``use_dynamic_bsz`` when smaller: no row is longer than a
+padded row, so no attention matrix grows past the padded one), and passes only
+``position_ids`` restarting at 0 per sample. Without an attention mask, transformers builds a
+block-causal mask from those ``position_ids`` (``masking_utils.find_packed_sequence_indices``;
+FlashAttention-2 reads the same boundaries), so each token sees exactly its own sample's
+prefix, as in the padded batch. Row tails are filled with pad tokens at position 0, each its
+own one-token block. Per-token outputs are scattered back to the padded ``[B, S]`` layout
+with zeros on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+def first_fit(lengths: Sequence[int], capacity: int | None) -> list[list[int]]:
+    """Sample indices per row: each sample into the first row with room (``None``: one row).
+
+    A sample longer than ``capacity`` gets a row of its own (the token budget already bounds a
+    micro-batch, so this only happens with a budget below one sample).
+    """
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        for r, free in enumerate(room):
+            if capacity is None or n <= free:
+                rows[r].append(i)
+                room[r] -= n
+                break
+        else:
+            rows.append([i])
+            room.append((capacity - n) if capacity is not None else 0)
+    return rows
+
+
+@dataclass
+class PackedBatch:
+    """A micro-batch's real tokens in rows, and where each came from."""
+
+    input_ids: torch.Tensor
+    """``[rows, L]`` token ids (pad 0 after each row's last sample)."""
+    position_ids: torch.Tensor
+    """``[rows, L]`` positions restarting at 0 per sample (0 on the row tails)."""
+    packed_index: torch.Tensor
+    """Flat ``rows * L`` index of each real token."""
+    padded_index: torch.Tensor
+    """Flat ``B * S`` index of the same token in the padded layout."""
+    padded_shape: tuple[int, int]
+
+    @property
+    def next_token(self) -> torch.Tensor:
+        """``[rows, L]`` the token each position predicts (its right neighbour in the row)."""
+        return torch.nn.functional.pad(self.input_ids[:, 1:], (0, 1))
+
+    def unpack(self, values: torch.Tensor) -> torch.Tensor:
+        """``[rows, L]`` per-token values -> ``[B, S]`` in the padded layout, 0 on padding (differentiable)."""
+        out = values.new_zeros(self.padded_shape[0] * self.padded_shape[1])
+        out = out.index_put((self.padded_index,), values.reshape(-1).index_select(0, self.packed_index))
+        return out.view(self.padded_shape)
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+         capacity: int | None = None) -> PackedBatch:
+    """Pack the real tokens of a padded ``[B, S]`` micro-batch into first-fit rows of at most
+    ``min(capacity, S)`` tokens."""
+    batch, seq = attention_mask.shape
+    mask = attention_mask.bool()
+    lengths = mask.sum(dim=1).tolist()
+    rows = first_fit(lengths, seq if capacity is None else min(capacity, seq))
+    width = max(sum(lengths[i] for i in row) for row in rows) if rows else 0
+    dev = input_ids.device
+    ids = torch.zeros(len(rows), max(width, 1), dtype=input_ids.dtype, device=dev)
+    pos = torch.zeros_like(ids, dtype=position_ids.dtype)
+    packed_parts, padded_parts = [], []
+    for r, row in enumerate(rows):
+        col = 0
+        for i in row:
+            src = mask[i].nonzero().squeeze(-1)
+            n = int(src.numel())
+            ids[r, col:col + n] = input_ids[i, src]
+            pos[r, col:col + n] = position_ids[i, src]
+            packed_parts.append(r * ids.shape[1] + col + torch.arange(n, device=dev))
+            padded_parts.append(i * seq + src)
+            col += n
+    empty = torch.zeros(0, dtype=torch.long, device=dev)
+    return PackedBatch(
+        input_ids=ids, position_ids=pos,
+        packed_index=torch.cat(packed_parts) if packed_parts else empty,
+        padded_index=torch.cat(padded_parts) if padded_parts else empty,
+        padded_shape=(batch, seq),
+    )

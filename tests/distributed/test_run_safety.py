@@ -1,0 +1,217 @@
+"""Real runs that are interrupted, resumed, resumed with a changed config, or lose a rank.
+
+Each run is ``python -m repro.main_ppo -cn grpo_tiny`` shrunk to small steps (2 CPU ranks through
+Ray, DeepSpeed ZeRO-2 on gloo), in a subprocess of its own session, as a user starts it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from repro.metrics import MetricsLog
+from tests.distributed.test_trainer import SMALL as TRAINER_SMALL
+
+ROOT = Path(__file__).resolve().parents[2]
+# The small tiny-policy job of test_trainer, without validation (not what these tests look at).
+SMALL = [*TRAINER_SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1"]
+
+
+def _cmd(*overrides: str) -> list[str]:
+    return [sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, *overrides]
+
+
+def _env(outputs: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["REPRO_OUTPUTS_DIR"] = str(outputs)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run(cmd: list[str], outputs: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=_env(outputs), capture_output=True, text=True, timeout=timeout)
+
+
+def _job_processes(driver: int, outputs: Path) -> set[psutil.Process]:
+    """The driver's descendants and every process running with this job's outputs folder (Ray workers)."""
+    found: set[psutil.Process] = set()
+    try:
+        found.update(psutil.Process(driver).children(recursive=True))
+    except psutil.NoSuchProcess:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("REPRO_OUTPUTS_DIR") == str(outputs) and p.pid != os.getpid():
+                found.add(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def _alive(procs: set[psutil.Process], wait_s: float) -> list[str]:
+    deadline = time.time() + wait_s
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                continue
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if path.is_file() and path.read_text().strip() == text:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended (rc {proc.returncode}) first:\n{proc.stdout.read()[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{path} never said {text!r} within {timeout} s")
+
+
+@pytest.mark.slow  # three real jobs, one after the other: about a minute on 2 cores
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "ctrl-c"])
+def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(how, tmp_path):
+    """``ctrl-c`` is what a terminal does: SIGINT to the whole foreground process group."""
+    outputs = tmp_path / "outputs"
+    common = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
+    proc = subprocess.Popen(_cmd(*common), cwd=ROOT, env=_env(outputs), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
+            time.sleep(0.2)
+        run_dir = next(outputs.glob("grpo_tiny_arith_*"))
+        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+        procs = _job_processes(proc.pid, outputs)
+        assert procs, "the job's processes were not found: the orphan check would prove nothing"
+        started = time.monotonic()
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(getattr(signal, how))
+        out, _ = proc.communicate(timeout=60)
+        stop_s = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, out[-4000:]
+    assert "Traceback" not in out, out[-4000:]
+    left = _alive(procs, wait_s=15)
+    assert not left, f"processes left after {how}: {left}"
+    state = json.loads((run_dir / "run.json").read_text())
+    assert state["status"] == "interrupted" and state["last_checkpoint_step"] in (2, 3, 4)
+    step = state["last_checkpoint_step"]
+    resume_lines = [ln for ln in out.splitlines() if "Resume with: " in ln]
+    assert len(resume_lines) == 1 and f"step {step}" in resume_lines[0], out[-3000:]
+    assert not (run_dir / "run.lock").exists()
+    print(f"{how}: driver exited 130 in {stop_s:.1f} s; {len(procs)} job processes all gone")
+
+    # A changed config is refused before any worker starts, and the folder is left as it was.
+    before = {p.name: p.stat().st_mtime for p in run_dir.iterdir()}
+    started = time.monotonic()
+    changed = _run(_cmd(*common, "actor_rollout_ref.actor.optim.lr=1e-3", "data.seed=3"), outputs, timeout=60)
+    refuse_s = time.monotonic() - started
+    assert changed.returncode == 2, changed.stderr[-3000:]
+    err = [ln for ln in changed.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1 and "actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.001" in err[0] and "data.seed: 0 -> 3" in err[0]
+    assert "Traceback" not in changed.stderr  # refuse_s is printed (2.6 s at load 46); test_resume_check proves no torch/Ray import
+    assert {p.name: p.stat().st_mtime for p in run_dir.iterdir()} == before
+    print(f"changed config refused in {refuse_s:.1f} s: {err[0]}")
+
+    # The same command resumes the same folder and finishes it.
+    done = _run(_cmd(*common), outputs)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "took over" not in done.stderr
+    assert [r["step"] for r in MetricsLog(run_dir / "metrics.tsv").rows] == [1, 2, 3, 4]
+    assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
+    assert f"resumed from {run_dir / 'checkpoints' / f'global_step_{step}'}" in (run_dir / "train.log").read_text()
+
+
+@pytest.mark.slow  # two real jobs: about 2 minutes on 2 cores
+def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_path):
+    outputs = tmp_path / "outputs"
+    first = tmp_path / "first"
+    ran = _run(_cmd("trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.output_dir={first}"), outputs)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    ckpt = first / "checkpoints" / "global_step_2"
+    second = tmp_path / "second"
+    args = ["trainer.total_training_steps=3", "actor_rollout_ref.actor.optim.lr=2e-4", "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={ckpt}", f"trainer.output_dir={second}"]
+    refused = _run(_cmd(*args), outputs, timeout=60)
+    assert refused.returncode == 2 and "optim.lr: 0.0001 -> 0.0002" in refused.stderr
+    ran = _run(_cmd(*args, "trainer.allow_config_change=[actor_rollout_ref.actor.optim.lr]"), outputs)
+    assert ran.returncode == 0, ran.stderr[-4000:]
+    state = json.loads((second / "run.json").read_text())
+    assert state["config_changes"] == [{"resumed_from": str(ckpt), "step": 2, "changed": {
+        "actor_rollout_ref.actor.optim.lr": {"old": 0.0001, "new": 0.0002}}}]
+    assert state["config"]["actor_rollout_ref.actor.optim.lr"] == 0.0002
+    log = (second / "train.log").read_text()
+    assert "config changed on purpose (trainer.allow_config_change): actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.0002" in log
+    assert [r["step"] for r in MetricsLog(second / "metrics.tsv").rows] == [3]
+
+
+def _tiny_policy_copy(dest: Path) -> Path:
+    import torch
+
+    from repro.data.sft import ensure_tiny_policy
+
+    shutil.copytree(ensure_tiny_policy(device=torch.device("cpu")), dest)
+    return dest
+
+
+def test_an_error_inside_a_rank_reaches_the_user_as_one_line_with_rank_host_and_log(tmp_path):
+    model = _tiny_policy_copy(tmp_path / "model")
+    weights = next(model.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])  # a truncated download: the driver cannot tell
+    out = tmp_path / "run"
+    ran = _run(_cmd(f"actor_rollout_ref.model.path={model}", f"trainer.output_dir={out}"), tmp_path / "outputs")
+    assert ran.returncode == 1, ran.stderr[-4000:]
+    err = [ln for ln in ran.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1, ran.stderr[-4000:]
+    assert "rank " in err[0] and " on host " in err[0] and "failed in create" in err[0]
+    assert f"(full log: {out / 'train.log'})" in err[0]
+    log = (out / "train.log").read_text()
+    assert "in load_hf_model" in log and "SafetensorError" in log, "the full remote traceback belongs in train.log"
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    print(ran.stderr[-3000:])
+
+
+@pytest.mark.slow  # a real job whose rank 1 is killed: about a minute on 2 cores
+def test_a_dead_rank_is_named(tmp_path):
+    outputs = tmp_path / "outputs"
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_cmd("trainer.total_training_steps=50", "trainer.save_freq=-1", f"trainer.output_dir={out}"),
+                            cwd=ROOT, env=_env(outputs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline, victim = time.time() + 180, None
+        while victim is None and time.time() < deadline and proc.poll() is None:
+            if (out / "metrics.tsv").is_file() and (out / "metrics.tsv").read_text().count("\n") >= 2:
+                victim = next((p for p in _job_processes(proc.pid, outputs)
+                               if p.environ().get("RANK") == "1" and "_RankHost" in " ".join(p.cmdline())), None)
+            time.sleep(0.2)
+        assert victim is not None, "rank 1's process was not found"
+        victim.kill()
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert proc.returncode == 1 and len(err) == 1, stderr[-4000:]
+    assert err[0].startswith("error: rank 1 on host ") and " died in " in err[0], err[0]
+    print(err[0])

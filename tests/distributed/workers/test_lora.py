@@ -1,0 +1,125 @@
+"""LoRA actor (peft adapters) on 2 gloo ranks at ZeRO-2 and ZeRO-3: only the adapters train,
+the merged weights the rollout receives reproduce the engine's logits, the reference is the
+base model with adapters disabled, and a resumed run equals the uninterrupted one bitwise."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from repro.algorithms import logprobs_from_logits
+from tests.distributed.workers.helpers import (
+    ZERO3_PARTITION_ALL,
+    make_cfg,
+    make_model_dir,
+    make_step_batch,
+    params_of,
+    shard,
+    train_steps,
+)
+
+SAMPLES = 8
+SAVE_AT, TOTAL = 1, 3
+
+
+def _actor(model_dir: str, stage: int, world: int):
+    from repro.workers.actor import ActorWorker
+
+    cfg = make_cfg(model_dir, world=world, stage=stage, micro=1, use_kl_loss=True, lr=5e-2)
+    cfg.actor_rollout_ref.model.lora_rank = 4
+    cfg.actor_rollout_ref.model.lora_alpha = 8
+    return ActorWorker(cfg, ds_overrides=ZERO3_PARTITION_ALL if stage == 3 else None)
+
+
+def _named(worker, adapters: bool) -> dict[str, torch.Tensor]:
+    from repro.workers import lora
+
+    zero3 = worker.ds.zero_stage == 3
+    out = {}
+    for name, param in worker.engine.module.named_parameters():
+        if (".lora_" in name) == adapters:
+            with lora._gathered([param], zero3):
+                out[name] = param.data.detach().float().cpu().clone()
+    return out
+
+
+def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
+    worker = _actor(model_dir, stage, world)
+    trainable = sorted(n for n, p in worker.engine.module.named_parameters() if p.requires_grad)
+    base0, adapters0 = _named(worker, False), _named(worker, True)
+    merged0 = params_of(worker)
+    metrics = train_steps(worker, "actor", rank, world, range(SAVE_AT), SAMPLES)
+    worker.save_checkpoint(root, SAVE_AT, {})
+    metrics += train_steps(worker, "actor", rank, world, range(SAVE_AT, TOTAL), SAMPLES)
+    batch = shard(make_step_batch(77, SAMPLES), rank, world)
+    with torch.no_grad():
+        logits = worker.engine.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                       position_ids=batch["position_ids"], use_cache=False).logits
+    worker.export_lora_adapter(os.path.join(root, "adapter"))
+    out = {
+        "trainable": trainable, "base0": base0, "base1": _named(worker, False),
+        "adapters0": adapters0, "adapters1": _named(worker, True), "merged0": merged0,
+        "merged1": params_of(worker), "logits": logits, "metrics": metrics,
+        "ref_log_probs": worker.compute_log_prob(batch, without_adapters=True)["log_probs"],
+    }
+    resumed = _actor(model_dir, stage, world)
+    resumed.load_checkpoint(root)
+    out["resumed_metrics"] = train_steps(resumed, "actor", rank, world, range(SAVE_AT, TOTAL), SAMPLES)
+    out["resumed_merged"] = params_of(resumed)
+    return out
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_trains_only_adapters_exports_merged_weights_and_resumes_bitwise(multirank, tmp_path, stage):
+    from transformers import AutoModelForCausalLM
+
+    model_dir = make_model_dir(tmp_path / "model")
+    root = str(tmp_path / "ckpt")
+    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, root))
+    res = results[0]
+    assert res["trainable"] and all(".lora_" in n for n in res["trainable"])
+    for key in res["base0"]:  # the base never changes
+        assert torch.equal(res["base0"][key], res["base1"][key]), key
+    assert max((res["adapters1"][k] - res["adapters0"][k]).abs().max().item() for k in res["adapters0"]) > 1e-3
+    # merged export: equal to the base at start (B = 0), different after training, HF names
+    base_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    base_state = {k: v for k, v in base_model.state_dict().items() if k != "lm_head.weight"}
+    assert set(res["merged0"]) == {n for n, _ in base_model.named_parameters()}
+    assert all(torch.equal(res["merged0"][k], base_state[k]) for k in res["merged0"] if k in base_state)
+    assert max((res["merged1"][k] - res["merged0"][k]).abs().max().item() for k in res["merged0"]) > 1e-4
+    merged_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    merged_model.load_state_dict(res["merged1"], strict=False)
+    from peft import PeftModel
+
+    adapter_model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), os.path.join(root, "adapter")).eval()
+    for rank in range(2):
+        batch = shard(make_step_batch(77, SAMPLES), rank, 2)
+        with torch.no_grad():
+            kwargs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+            want = merged_model(**kwargs).logits
+            from_adapter = adapter_model(**kwargs).logits
+            base_logits = base_model(**kwargs).logits
+        assert (results[rank]["logits"] - want).abs().max().item() < 1e-5
+        assert (results[rank]["logits"] - from_adapter).abs().max().item() < 1e-5
+        # the reference: the base model, adapters disabled
+        resp = batch["responses"].shape[1]
+        ref = logprobs_from_logits(base_logits[:, -resp - 1:-1], batch["responses"])
+        mask = batch["response_mask"].bool()
+        assert (results[rank]["ref_log_probs"][mask] - ref[mask]).abs().max().item() < 1e-5
+    # resume: the same metrics and weights, bitwise
+    assert res["resumed_metrics"] == res["metrics"][SAVE_AT:]
+    for key in res["merged1"]:
+        assert torch.equal(res["resumed_merged"][key], res["merged1"][key]), key
+    # the checkpoint holds the adapters, not the frozen base
+    ds_dir = os.path.join(root, f"step_{SAVE_AT}", "ds", "ckpt")
+    states = [f for f in os.listdir(ds_dir) if "model_states" in f]
+    assert states
+    for name in states:
+        module = torch.load(os.path.join(ds_dir, name), weights_only=False, map_location="cpu")["module"]
+        frozen = {k for k in (module or {}) if ".lora_" not in k}
+        # lm_head.weight is tied to the embedding: named_parameters() lists the pair once, so
+        # DeepSpeed's exclude_frozen_parameters keeps the alias (a frozen copy, ignored on load).
+        assert frozen <= {"base_model.model.lm_head.weight"}, sorted(frozen)

@@ -1,0 +1,102 @@
+"""Chunked log-probs and entropy equal the full-vocabulary computation, and their temporaries
+are bounded by the chunk size instead of growing with the vocabulary."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from repro.algorithms import entropy_from_logits, logprobs_from_logits
+from repro.workers.logprob import token_log_probs
+
+
+def _full(logits, labels, temperature):
+    x = logits / temperature
+    if x.dtype == torch.float64:  # repro.algorithms computes in fp32; the proof here needs fp64
+        log_probs = torch.log_softmax(x, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+        return log_probs, entropy_from_logits(x)
+    return logprobs_from_logits(x, labels), entropy_from_logits(x.float())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(1, 3), t=st.integers(1, 7), v=st.integers(2, 40), chunk=st.integers(1, 200),
+    temperature=st.sampled_from([1.0, 0.7, 1.3]), seed=st.integers(0, 2**16), with_entropy=st.booleans(),
+    dtype=st.sampled_from([torch.float64, torch.float32]),
+)
+def test_chunked_log_probs_entropy_and_gradients_equal_full_computation(b, t, v, chunk, temperature, seed,
+                                                                         with_entropy, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    # fp64 proves the algebra (any logit scale); fp32 the dtype the workers use, where both
+    # sides round at ~1e-7 relative
+    scale = 3.0 if dtype == torch.float64 else 1.0
+    base = scale * torch.randn(b, t + 1, v, generator=gen, dtype=torch.float64)
+    labels = torch.randint(0, v, (b, t), generator=gen)
+    w_lp, w_ent = torch.randn(b, t, generator=gen, dtype=torch.float64), torch.randn(b, t, generator=gen,
+                                                                                      dtype=torch.float64)
+    grads, outs = [], []
+    for chunked in (True, False):
+        leaf = base.to(dtype).requires_grad_(True)
+        logits = leaf[:, :-1]  # a strided slice, as the workers pass it
+        if chunked:
+            lp, ent = token_log_probs(logits, labels, temperature=temperature, with_entropy=with_entropy,
+                                      chunk_elements=chunk)
+        else:
+            lp, ent = _full(logits, labels, temperature)
+            ent = ent if with_entropy else None
+        loss = (lp * w_lp).sum() + ((ent * w_ent).sum() if with_entropy else 0)
+        loss.backward()
+        grads.append(leaf.grad)
+        outs.append((lp, ent))
+    assert (outs[0][0].double() - outs[1][0].double()).abs().max() < 1e-6
+    if with_entropy:
+        assert (outs[0][1].double() - outs[1][1].double()).abs().max() < 1e-6
+    else:
+        assert outs[0][1] is None
+    assert (grads[0] - grads[1]).abs().max() < 1e-6
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """Bytes of the largest tensor any op creates, skipping those shaped and typed like ``exclude``
+    (the logits' gradient, which every backward of the logits allocates)."""
+
+    def __init__(self, exclude: torch.Tensor) -> None:
+        super().__init__()
+        self.exclude, self.largest = (exclude.shape, exclude.dtype), 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # Views, in-place ops and detach return an input's storage: only fresh storage counts.
+        inputs = {a.untyped_storage().data_ptr() for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if (isinstance(t, torch.Tensor) and (t.shape, t.dtype) != self.exclude
+                    and t.untyped_storage().data_ptr() not in inputs):
+                self.largest = max(self.largest, t.untyped_storage().nbytes())
+        return out
+
+
+def _largest_temporary(vocab: int, chunked: bool) -> int:
+    torch.manual_seed(0)
+    logits = torch.randn(4, 64, vocab, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (4, 64))
+    mode = _LargestAllocation(exclude=logits)
+    with mode:
+        if chunked:
+            lp, ent = token_log_probs(logits, labels, with_entropy=True, chunk_elements=4096)
+        else:
+            lp, ent = _full(logits, labels, 1.0)
+        (lp.sum() + ent.sum()).backward()
+    return mode.largest
+
+
+def test_chunked_log_prob_temporaries_do_not_grow_with_vocabulary():
+    full_small, full_large = _largest_temporary(256, False), _largest_temporary(2048, False)
+    chunk_small, chunk_large = _largest_temporary(256, True), _largest_temporary(2048, True)
+    # The full computation's fp32 copies are tokens * vocab * 4 bytes: 8x the vocabulary, 8x the bytes.
+    assert full_large >= 8 * full_small * 0.99 and full_large >= 4 * 64 * 2048 * 4
+    # Chunked: the largest temporary is one fp32 chunk (4096 values), whatever the vocabulary.
+    assert chunk_small <= 4096 * 4 and chunk_large <= 4096 * 4, (chunk_small, chunk_large)

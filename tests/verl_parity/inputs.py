@@ -1,0 +1,75 @@
+"""Hypothesis-made inputs shared by the verl parity tests, and the tolerance they compare with.
+
+Every batch is ``[B, R]`` with right-padded response masks whose lengths may be 0 (an empty,
+aborted response); ``poison`` fills the positions outside the mask with NaN, +inf or -inf, which
+neither library may let into a masked reduction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from hypothesis import strategies as st
+
+ATOL = RTOL = 1e-6
+
+
+def close(actual: torch.Tensor | float, expected: torch.Tensor | float) -> None:
+    """Equal within 1e-6 (fp32), NaN where the other is NaN."""
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
+                               torch.as_tensor(expected, dtype=torch.float64),
+                               atol=ATOL, rtol=RTOL, equal_nan=True)
+
+
+@dataclass
+class TokenBatch:
+    values: torch.Tensor
+    other: torch.Tensor
+    mask: torch.Tensor
+    lengths: list[int]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.mask.shape)  # type: ignore[return-value]
+
+
+@st.composite
+def token_batches(draw, min_rows: int = 1, max_rows: int = 6, max_len: int = 5, poison: bool | None = None,
+                  min_tokens: int = 0) -> TokenBatch:
+    rows = draw(st.integers(min_rows, max_rows))
+    width = draw(st.integers(1, max_len))
+    lengths = draw(st.lists(st.integers(0, width), min_size=rows, max_size=rows)
+                   .filter(lambda ls: sum(ls) >= min_tokens))
+    seed = draw(st.integers(0, 2**31 - 1))
+    scale = draw(st.sampled_from([0.1, 1.0, 3.0]))
+    gen = torch.Generator().manual_seed(seed)
+    values = torch.randn(rows, width, generator=gen) * scale
+    other = torch.randn(rows, width, generator=gen) * scale
+    mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).float()
+    if poison is None:
+        poison = draw(st.booleans())
+    if poison:
+        bad = draw(st.sampled_from([math.nan, math.inf, -math.inf]))
+        values = torch.where(mask.bool(), values, torch.tensor(bad))
+    return TokenBatch(values, other, mask, lengths)
+
+
+def group_index(draw, rows: int) -> list[int]:
+    """Prompt ids for ``rows`` samples: groups of any size, singletons included."""
+    return draw(st.lists(st.integers(0, 3), min_size=rows, max_size=rows))
+
+
+def zeroed_padding(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``values`` with every position outside the mask set to 0."""
+    return torch.where(mask.bool(), values, 0.0)
+
+
+def leaks_into_verl(values: torch.Tensor, mask: torch.Tensor, mode: str) -> bool:
+    """Whether verl 0.9.1's ``agg_loss`` lets the non-finite padding of ``values`` through: its
+    seq-mean modes take ``sum(loss * mask)`` per row (``nan * 0`` is NaN) and drop only all-masked
+    rows; token-mean and token-sum select with ``torch.where``."""
+    if mode in ("token-mean", "token-sum"):
+        return False
+    return bool((~torch.isfinite(values) & (mask.sum(-1, keepdim=True) > 0)).any())
