@@ -249,9 +249,8 @@ class WorkerGroup:
         try:
             return gather(refs, method, self.hosts)
         except WorkerError as e:
-            # A rank whose process ended while its raylet lived (killed, OOM) is named as such by Ray.
-            if e.died and "Worker exit type" in e.details:
-                raise
+            if self.nnodes == 1:
+                raise  # a lost node would be the driver's own: nothing more to learn
             # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
             if not e.died and not self._some_rank_unreachable():
                 raise
