@@ -22,9 +22,7 @@ from collections.abc import Sequence
 import torch
 
 from repro.algorithms import compute_gae_advantage_return, compute_grpo_outcome_advantage, masked_whiten
-
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
-                  "grpo_passk")
+from repro.config import ADV_ESTIMATORS
 
 
 def _groups(index: Sequence | torch.Tensor, size: int) -> list[list[int]]:

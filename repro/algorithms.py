@@ -14,10 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
-_BASE_KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
-# "<kind>+": the value of <kind>, the gradient of k2 (straight-through; verl's unbiased KL gradient).
-KL_KINDS = _BASE_KL_KINDS + tuple(k + "+" for k in _BASE_KL_KINDS)
+from repro.config import KL_LOSS_TYPES, LOSS_AGG_MODES
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -250,7 +247,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
     A ``+`` suffix keeps the estimate's value but takes k2's gradient (straight-through): k1 and
     k3 estimate the KL without bias, but their gradients do not estimate its gradient; k2's does.
     """
-    if kind.endswith("+") and kind in KL_KINDS:
+    if kind.endswith("+") and kind in KL_LOSS_TYPES:
         value = kl_penalty(logprob, ref_logprob, kind[:-1])
         k2 = 0.5 * (logprob - ref_logprob).square()
         return k2 - k2.detach() + value.detach()
@@ -264,7 +261,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
     if kind in ("low_var_kl", "k3"):
         log_ratio = torch.clamp(-diff, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(log_ratio) - log_ratio - 1.0, min=-10.0, max=10.0)
-    raise ValueError(f"KL kind {kind!r} is not valid; choose one of {list(KL_KINDS)}")
+    raise ValueError(f"KL kind {kind!r} is not valid; choose one of {list(KL_LOSS_TYPES)}")
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -16,12 +16,14 @@ from typing import Any
 ZERO_STAGES = (1, 2, 3)
 OFFLOAD_CHOICES = ("none", "cpu", "nvme", "auto")
 MODEL_DTYPES = ("auto", "bfloat16", "float32")
-# Mirrors repro.advantages.ADV_ESTIMATORS (config sits below it in the import order).
+# The valid names of each algorithm choice live here, at the bottom of the import order, and the
+# modules that implement them (repro.algorithms, advantages, policy_losses) import them.
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
                   "grpo_passk")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")
-KL_LOSS_TYPES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3") + tuple(
-    k + "+" for k in ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3"))
+_KL_KINDS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+# "<kind>+": the value of <kind>, the gradient of k2 (straight-through; verl's unbiased KL gradient).
+KL_LOSS_TYPES = _KL_KINDS + tuple(k + "+" for k in _KL_KINDS)
 WARMUP_STYLES = ("constant", "cosine", "linear")
 ROLLOUT_NAMES = ("hf", "vllm")
 REWARD_KWARGS = ("method", "format_score", "score")
@@ -208,7 +210,6 @@ class ModelConfig:
             _fail(self, "lora_alpha", "must be > 0")
 
 
-# Mirrors repro.policy_losses.POLICY_LOSS_MODES (config sits below it in the import order).
 POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
 
 

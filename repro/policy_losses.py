@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from repro.algorithms import PolicyLoss, agg_loss, compute_policy_loss, masked_mean
+from repro.config import POLICY_LOSS_MODES
 
-POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
 Denom = float | torch.Tensor | None
 
 

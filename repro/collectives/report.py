@@ -42,6 +42,13 @@ def headline(d: Divergence) -> str:
     if d.kind == "mismatch":
         b = d.call_b
         fields = ", ".join(d.differing) or "fingerprint"
+        if a.group_seq is None and a.pairs:
+            role, peer, seq = a.pairs[0][:3]
+            src, dst = (a.rank, peer) if role == "send" else (peer, a.rank)
+            return (
+                f"Point-to-point mismatch on transfer #{seq} from rank {src} to rank {dst}: rank {d.rank_a} "
+                f"posted {a.short()} while rank {d.rank_b} posted {b.short()} (they differ in {fields})"
+            )
         if a.group == b.group:
             return (
                 f"Collective mismatch on {grp} at call #{a.group_seq}: rank {d.rank_a} issued {a.short()} "

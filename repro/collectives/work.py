@@ -38,6 +38,7 @@ def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwarg
             t_end=None,
             of=rec.index,
             detail=["for", rec.op, rec.group_seq],
+            pairs=[],  # the transfer is numbered once, on its call
         )
         event = wait.to_json()
         event["ev"] = "call"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from repro.batching import min_micro_batches, split_micro_batches_by_tokens
+from repro.token_budget import min_micro_batches, split_micro_batches_by_tokens
 from repro.workers.engine import Batch, all_reduce_counts
 
 

@@ -133,7 +133,7 @@ def test_clipped_value_loss(batch, mode, clip):
         close(ours.loss, loss)
 
 
-@given(batch=token_batches(poison=False), kind=st.sampled_from(list(algorithms.KL_KINDS)))
+@given(batch=token_batches(poison=False), kind=st.sampled_from(list(algorithms.KL_LOSS_TYPES)))
 def test_kl_penalty_estimators_values_and_gradients(batch, kind):
     """Gradients too: the ``+`` kinds are straight-through (value of the kind, gradient of k2)."""
     ours_in = batch.values.clone().requires_grad_(True)

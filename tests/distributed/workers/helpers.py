@@ -1,7 +1,8 @@
 """Shared pieces of the worker tests: tiny model folders, configs, batches and the PyTorch reference.
 
 The reference is what the DeepSpeed workers must reproduce: one process, the same initial
-weights (the same Hugging Face folder), the same loss functions from ``repro.algorithms``
+weights (the same Hugging Face folder), the same loss functions from ``repro.algorithms`` (and
+the chunked log-probs of ``repro.workers.logprob``)
 applied to the *whole* mini-batch (all dp ranks' samples at once), torch AdamW and torch's
 grad-norm clipping.
 """
@@ -17,12 +18,11 @@ from repro.algorithms import (
     agg_loss,
     compute_policy_loss,
     compute_value_loss,
-    entropy_from_logits,
     kl_penalty,
-    logprobs_from_logits,
 )
 from repro.config import DeepSpeedConfig, RunConfig
 from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
+from repro.workers.logprob import token_log_probs
 
 # ZeRO-3 keeps parameters below this many elements unpartitioned; 0 makes the tiny model's
 # parameters really partitioned (as the large ones are on a real model).
@@ -209,12 +209,15 @@ class Reference:
         out = self.model(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
                          position_ids=mb["position_ids"])
         logits = out.logits[:, -resp_len - 1:-1, :]
-        log_prob = logprobs_from_logits(logits, mb["responses"])
+        # The workers' chunked log-probs (equal to log_softmax within 1e-6, gradients included:
+        # tests/unit/workers/test_logprob.py). Their different fp32 rounding would otherwise reach
+        # the weights through Adam, which turns gradient elements near eps into whole steps.
+        log_prob, entropy = token_log_probs(logits, mb["responses"], with_entropy=bool(a.entropy_coeff))
         pg = compute_policy_loss(mb["old_log_probs"], log_prob, mb["advantages"], mask, a.clip_ratio_low,
                                  a.clip_ratio_high, a.clip_ratio_c, a.loss_agg_mode)
         loss = pg.loss
         if a.entropy_coeff:
-            loss = loss - a.entropy_coeff * agg_loss(entropy_from_logits(logits), mask, a.loss_agg_mode)
+            loss = loss - a.entropy_coeff * agg_loss(entropy, mask, a.loss_agg_mode)
         if a.use_kl_loss:
             kl = kl_penalty(log_prob, mb["ref_log_prob"], a.kl_loss_type)
             loss = loss + a.kl_loss_coef * agg_loss(kl, mask, a.loss_agg_mode)
