@@ -14,9 +14,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from repro.config import RunConfig
 from repro.metrics import MetricsLog
@@ -32,6 +34,12 @@ class NodeProbe(RankProbe):
 
         keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
         return {k: os.environ[k] for k in keys} | {"node": ray.get_runtime_context().get_node_id()}
+
+    def fail_on(self, rank: int) -> None:
+        """Rank ``rank`` raises; the others wait in a collective for it, as real peers would."""
+        if int(os.environ["RANK"]) == rank:
+            raise ValueError(f"bad shard on rank {rank}")
+        torch.distributed.barrier()
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +86,26 @@ def test_two_nodes_get_one_rank_each_and_form_one_group(cluster, tmp_path):
         assert len({(w["MASTER_ADDR"], w["MASTER_PORT"]) for w in where}) == 1
         assert group.execute_all("all_reduce", [1.0, 10.0]) == [11.0, 11.0]
         assert list((tmp_path / "ckpt").iterdir()) == []  # the storage markers are cleaned up
+    finally:
+        group.shutdown()
+        shutdown_ray()
+
+
+def test_a_rank_error_is_not_taken_for_a_lost_node(cluster):
+    from repro.cluster import WorkerGroup, shutdown_ray
+    from repro.worker_errors import WorkerError
+
+    group = WorkerGroup(_cfg(cluster.address), NodeProbe, "probe")
+    try:
+        started = time.monotonic()
+        # Both nodes are alive: the rank's own error comes back as its WorkerError, not as a
+        # NodeLostError, and without waiting out the node-death poll. (The same test passes with the
+        # earlier sequential 10 s probe too: it guards the outcome, not the probe's form.)
+        with pytest.raises(WorkerError, match="rank 1 on host .* failed in fail_on: ValueError: bad shard on rank 1"):
+            group.execute_all_same("fail_on", 1)
+        elapsed = time.monotonic() - started
+        print(f"rank error surfaced in {elapsed:.1f} s")
+        assert elapsed < 30
     finally:
         group.shutdown()
         shutdown_ray()
