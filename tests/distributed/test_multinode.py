@@ -99,8 +99,8 @@ def test_a_rank_error_is_not_taken_for_a_lost_node(cluster):
     try:
         started = time.monotonic()
         # Both nodes are alive: the rank's own error comes back as its WorkerError, not as a
-        # NodeLostError, and without waiting out the node-death poll. (The same test passes with the
-        # earlier sequential 10 s probe too: it guards the outcome, not the probe's form.)
+        # NodeLostError, and without the node-death poll: the peer sits in a barrier, busy, not
+        # gone. (With the earlier probe, which took a busy rank for a gone one, this took 73 s.)
         with pytest.raises(WorkerError, match="rank 1 on host .* failed in fail_on: ValueError: bad shard on rank 1"):
             group.execute_all_same("fail_on", 1)
         elapsed = time.monotonic() - started
