@@ -51,7 +51,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
     base0, adapters0 = _named(worker, False), _named(worker, True)
     merged0 = params_of(worker)
     metrics = train_steps(worker, "actor", rank, world, range(SAVE_AT), SAMPLES)
-    worker.save_checkpoint(root, SAVE_AT, {})
+    worker.save_checkpoint(os.path.join(root, f"step_{SAVE_AT}"), SAVE_AT, {})
     metrics += train_steps(worker, "actor", rank, world, range(SAVE_AT, TOTAL), SAMPLES)
     batch = shard(make_step_batch(77, SAMPLES), rank, world)
     with torch.no_grad():
@@ -65,7 +65,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
         "ref_log_probs": worker.compute_log_prob(batch, without_adapters=True)["log_probs"],
     }
     resumed = _actor(model_dir, stage, world)
-    resumed.load_checkpoint(root)
+    resumed.load_checkpoint(os.path.join(root, f"step_{SAVE_AT}"))
     out["resumed_metrics"] = train_steps(resumed, "actor", rank, world, range(SAVE_AT, TOTAL), SAMPLES)
     out["resumed_merged"] = params_of(resumed)
     return out
