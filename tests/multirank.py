@@ -116,42 +116,11 @@ def _rank_main(
         os.environ["DS_ACCELERATOR"] = "cpu"
     os.environ.update(env)
 
-    import datetime
-
     import torch
-    import torch.distributed as dist
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     try:
-        # Unpickled only now, so the test module (and torch/DeepSpeed it imports) sees the env.
-        fn, args = pickle.loads(payload)
-        store = dist.FileStore(str(pathlib.Path(run_dir) / "filestore"), world_size)
-        if backend == "nccl":
-            # LOCAL_RANK == rank: one host, one visible device per rank.
-            torch.cuda.set_device(rank)
-        dist.init_process_group(
-            backend=backend,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S),
-        )
-        if deepspeed:
-            from repro.distributed import init_distributed
-
-            init_distributed()
-        result = fn(rank, world_size, *args)
-        tmp = paths["result"].with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(result, f)
-        os.replace(tmp, paths["result"])
-        # Tear down only once every rank is done: a rank that destroys its gloo group while a peer
-        # is still in a collective or a store-based check can abort ("terminate called without
-        # an active exception"). The rendezvous goes through the store, not a collective.
-        store.set(f"multirank_done/{rank}", "1")
-        store.wait([f"multirank_done/{r}" for r in range(world_size)],
-                   datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S))
-        dist.destroy_process_group()
+        run_in_group(payload, rank, world_size, run_dir, backend, deepspeed, timeout_s, paths["result"])
         # The result is on disk. Skip interpreter finalisation: C++ static destructors of torch /
         # gloo threads now and then abort a finished rank ("terminate called without an active
         # exception", no Python frame on the stack), which would fail a test that passed.
@@ -165,6 +134,38 @@ def _rank_main(
         sys.stderr.flush()
         # Skip atexit/teardown: peers may be stuck in a collective and the parent kills them anyway.
         os._exit(1)
+
+
+def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backend: str, deepspeed: bool,
+                 timeout_s: float, result_path: pathlib.Path) -> None:
+    """One rank's task (``run_ranks`` and the rank pool): a fresh group, ``fn``, its result on disk."""
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    wait = datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S)
+    # Unpickled only now, so the test module (and torch/DeepSpeed it imports) sees the env.
+    fn, args = pickle.loads(payload)
+    store = dist.FileStore(str(pathlib.Path(run_dir) / "filestore"), world_size)
+    if backend == "nccl":
+        # LOCAL_RANK == rank: one host, one visible device per rank.
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=wait)
+    if deepspeed:
+        from repro.distributed import init_distributed
+
+        init_distributed()
+    result = fn(rank, world_size, *args)
+    tmp = result_path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f)
+    os.replace(tmp, result_path)
+    # Tear down only once every rank is done: a rank that destroys its gloo group while a peer is
+    # still in a collective or a store check can abort; the rendezvous is the store's, not a collective.
+    store.set(f"multirank_done/{rank}", "1")
+    store.wait([f"multirank_done/{r}" for r in range(world_size)], wait)
+    dist.destroy_process_group()
 
 
 def _tag(rank: int, text: str) -> str:

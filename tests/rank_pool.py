@@ -31,7 +31,6 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for
 
 from tests.multirank import (
-    _GLOO_TIMEOUT_MARGIN_S,
     RankFailure,
     RankTimeout,
     _describe_exit,
@@ -45,6 +44,7 @@ from tests.multirank import (
     _tag,
     check_task,
     rank_env,
+    run_in_group,
 )
 
 __all__ = ["RankPool"]
@@ -112,11 +112,9 @@ def _reset_after_task(saved_env: dict, saved_globals: list) -> None:
 
 def _run_task(conn, task: tuple, rank: int, saved_env: dict, saved_globals: list) -> None:
     """One task on this rank; answers ``("ok"|"error", rank)`` on ``conn``."""
-    import datetime
     import faulthandler
     import sys
 
-    import torch.distributed as dist
 
     payload, world_size, run_dir, env, deepspeed, timeout_s = task
     paths = _rank_paths(pathlib.Path(run_dir), rank)
@@ -128,25 +126,8 @@ def _run_task(conn, task: tuple, rank: int, saved_env: dict, saved_globals: list
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
     os.environ.update(rank_env(rank, world_size))
     os.environ.update(env)
-    wait = datetime.timedelta(seconds=timeout_s + _GLOO_TIMEOUT_MARGIN_S)
     try:
-        fn, args = pickle.loads(payload)
-        store = dist.FileStore(str(pathlib.Path(run_dir) / "filestore"), world_size)
-        dist.init_process_group(backend="gloo", store=store, rank=rank, world_size=world_size, timeout=wait)
-        if deepspeed:
-            from repro.distributed import init_distributed
-
-            init_distributed()
-        result = fn(rank, world_size, *args)
-        tmp = paths["result"].with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(result, f)
-        os.replace(tmp, paths["result"])
-        # As in run_ranks: tear the group down only once every rank is done with it.
-        store.set(f"multirank_done/{rank}", "1")
-        store.wait([f"multirank_done/{r}" for r in range(world_size)], wait)
-        dist.destroy_process_group()
-        del fn, args, result, store
+        run_in_group(payload, rank, world_size, run_dir, "gloo", deepspeed, timeout_s, paths["result"])
         _reset_after_task(saved_env, saved_globals)
         answer = "ok"
     except BaseException:  # noqa: B036 - SystemExit/KeyboardInterrupt in fn are failures too
