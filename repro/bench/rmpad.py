@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench.workers import _free_port, _model_config, _sync, make_model_dir
+from repro.bench.workers import _free_port, _model_config, _sync, add_case_process_args, make_model_dir
 
 CASES = ("padded_full", "padded", "rmpad", "rmpad_lora")
 COLUMNS = ("round", "case", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
@@ -153,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
     parser.add_argument("--timeout", type=float, default=600.0)
-    parser.add_argument("--workdir", default=None)
-    parser.add_argument("--out", default=None, help="also write the TSV here")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
+    add_case_process_args(parser)
     args = parser.parse_args(argv)
     if args.child:
         _child(args)

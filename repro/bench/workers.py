@@ -119,6 +119,16 @@ def _batch(args: argparse.Namespace, vocab: int, rank: int):
     }
 
 
+def add_case_process_args(parser: argparse.ArgumentParser) -> None:
+    """Output options, and the hidden ones by which a benchmark runs each case in a child process."""
+    parser.add_argument("--workdir", default=None, help="model folder, logs and per-case results")
+    parser.add_argument("--out", default=None, help="also write the TSV here")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+
+
 def _sync() -> None:
     if not on_cpu():
         import torch
@@ -322,13 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per case and runner")
-    parser.add_argument("--workdir", default=None, help="model folder, logs and per-case results")
-    parser.add_argument("--out", default=None, help="also write the TSV here")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--case", help=argparse.SUPPRESS)
+    add_case_process_args(parser)
     parser.add_argument("--runner", help=argparse.SUPPRESS)
-    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args)
