@@ -84,11 +84,11 @@ def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any
 
 def _zero3_leaves(cfg: RunConfig, role: str, ds: Any) -> list[str] | None:
     """The decoder layer classes a ZeRO-3 role fetches as leaf modules (None: not used or unknown)."""
-    if ds.zero_stage != 3 or not ds.zero3_leaf_modules:
-        return None
-    from repro.workers.zero3_leaf import leaf_names_for_path
+    from repro.workers.zero3_leaf import leaf_names_for_path, use_leaves
 
     model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    if not use_leaves(ds.zero_stage, ds.zero3_leaf_modules, model.lora_rank > 0):
+        return None
     return leaf_names_for_path(model.path)
 
 

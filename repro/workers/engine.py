@@ -183,13 +183,10 @@ class RoleEngine:
         self.engine: Any = None
         self.zero3_leaves: list[str] = []
         """Decoder layer classes fetched as ZeRO-3 leaf modules (empty below ZeRO-3 or when off)."""
-        # A LoRA actor (trainable, its base frozen) is left to per-submodule hooks: with the decoder
-        # layers as leaves its ZeRO-3 backward fails on DeepSpeed 0.19.8 (a 0-size gradient against
-        # the adapters' shapes, tests/distributed/workers/test_lora.py at stage 3).
-        partly_frozen = self.trainable and not all(p.requires_grad for p in module.parameters())
-        if ds.zero_stage == 3 and ds.zero3_leaf_modules and not partly_frozen:
-            from repro.workers.zero3_leaf import mark_zero3_leaves
+        from repro.workers.lora import is_lora
+        from repro.workers.zero3_leaf import mark_zero3_leaves, use_leaves
 
+        if use_leaves(ds.zero_stage, ds.zero3_leaf_modules, is_lora(module)):
             self.zero3_leaves = mark_zero3_leaves(module)
         if self.trainable:
             params = [p for p in module.parameters() if p.requires_grad]

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -32,9 +33,9 @@ def enabled(model_cfg: ModelConfig) -> bool:
 
 def is_lora(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a peft model (adapters on the base model)."""
-    from peft import PeftModel
-
-    return isinstance(module, PeftModel)
+    # A PeftModel exists only once peft is imported: runs without LoRA never pay for importing it.
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(module, peft.PeftModel)
 
 
 def wrap(model: torch.nn.Module, model_cfg: ModelConfig) -> torch.nn.Module:

@@ -24,6 +24,16 @@ def decoder_layer_classes(model: torch.nn.Module) -> list[type]:
     return sorted({type(m) for m in model.modules() if type(m).__name__ in names}, key=lambda c: c.__name__)
 
 
+def use_leaves(zero_stage: int, enabled: bool, lora: bool) -> bool:
+    """Whether a role fetches its decoder layers as ZeRO-3 leaf modules (the plan and the engine ask).
+
+    Not a LoRA model: with its decoder layers as leaves, the stage-3 backward fails on DeepSpeed
+    0.19.8 (a 0-size gradient against the adapters' shapes; tests/distributed/workers/test_lora.py
+    at stage 3), so it keeps DeepSpeed's per-submodule hooks.
+    """
+    return zero_stage == 3 and enabled and not lora
+
+
 def mark_zero3_leaves(model: torch.nn.Module) -> list[str]:
     """Mark the decoder layers as ZeRO-3 leaf modules (before ``deepspeed.initialize``); their names."""
     classes = decoder_layer_classes(model)

@@ -37,3 +37,11 @@ def test_plan_shows_the_zero3_leaf_choice(leaf):
     assert plan["actor"]["zero3_leaf_modules"] == (["Qwen3DecoderLayer"] if leaf else None)
     actor_line = next(line for line in plan_summary(plan) if line.startswith("actor:"))
     assert ("leaf modules Qwen3DecoderLayer" in actor_line) == leaf
+
+
+def test_a_lora_actor_keeps_per_submodule_hooks_and_the_plan_says_so():
+    # The engine asks the same rule (use_leaves with is_lora of its module); the stage-3 LoRA
+    # backward with leaves fails on DeepSpeed 0.19.8 (tests/distributed/workers/test_lora.py).
+    cfg = load_config(["actor_rollout_ref.actor.deepspeed.zero_stage=3", "actor_rollout_ref.model.lora_rank=8"],
+                      config_name="grpo_tiny")
+    assert effective_plan(cfg, on_cuda=False)["actor"]["zero3_leaf_modules"] is None
