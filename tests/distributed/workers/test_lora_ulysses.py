@@ -1,0 +1,115 @@
+"""LoRA together with Ulysses sequence parallelism (sp=2, dp=1, 2 gloo ranks) at ZeRO-2 and 3:
+the adapters' update, the merged weights the rollout receives and the log-probs afterwards equal
+single-process peft training on the full sequences (fp32, 1e-5), with padding and packed rows.
+
+The reference is peft's own LoRA on a plain Hugging Face model with torch AdamW; it starts from
+the worker's initial adapters (A is drawn from the torch seed; B is zero)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from repro.algorithms import logprobs_from_logits
+from tests.distributed.workers.helpers import (
+    Reference,
+    make_cfg,
+    make_model_dir,
+    make_step_batch,
+    params_of,
+    shard,
+)
+
+SAMPLES = 8
+TOL = 1e-5
+RANK, ALPHA = 4, 8
+
+
+def _cfg(model_dir: str, stage: int, remove_padding: bool):
+    cfg = make_cfg(model_dir, world=2, stage=stage, micro=2, use_kl_loss=True, entropy_coeff=0.01, grad_clip=100.0,
+                   max_tokens=10)
+    arr = cfg.actor_rollout_ref
+    arr.actor.ulysses_sequence_parallel_size = 2
+    arr.model.use_remove_padding = remove_padding
+    arr.model.lora_rank, arr.model.lora_alpha = RANK, ALPHA
+    arr.rollout.log_prob_micro_batch_size_per_gpu = 3
+    # As in test_ulysses: Adam turns fp32 summation-order noise in a gradient element near eps
+    # into a share of lr; a larger eps keeps the comparison about the gradient's value.
+    arr.actor.optim.eps = 1e-6
+    return cfg
+
+
+def _adapters(worker) -> dict[str, torch.Tensor]:
+    from repro.workers import lora
+
+    return {k: v.float() for k, v in lora.adapter_state(worker.engine.module, worker.ds.zero_stage == 3).items()}
+
+
+def _run(rank: int, world: int, model_dir: str, stage: int) -> list[dict]:
+    from repro.workers.actor import ActorWorker
+
+    out = []
+    batch = shard(make_step_batch(41, SAMPLES), rank, world)
+    probe = shard(make_step_batch(77, SAMPLES), rank, world)
+    for remove_padding in (False, True):
+        worker = ActorWorker(_cfg(model_dir, stage, remove_padding))
+        adapters0 = _adapters(worker)
+        metrics = worker.update_policy(batch)
+        out.append({"rmpad": remove_padding, "adapters0": adapters0, "adapters1": _adapters(worker),
+                    "merged": params_of(worker), "grad_norm": metrics["actor/grad_norm"],
+                    "log_probs": worker.compute_log_prob(probe)["log_probs"]})
+    return out
+
+
+def _reference(model_dir: str, stage: int, adapters0: dict[str, torch.Tensor]):
+    """peft LoRA on the full sequences: the step's two mini-batches, one AdamW update each."""
+    from peft import LoraConfig, get_peft_model
+
+    cfg = _cfg(model_dir, stage, False)
+    ref = Reference(cfg, "actor")
+    ref.model = get_peft_model(ref.model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, bias="none",
+                                                     target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in ref.model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(adapters0[name])
+    o = cfg.actor_rollout_ref.actor.optim
+    ref.opt = torch.optim.AdamW([p for p in ref.model.parameters() if p.requires_grad], lr=o.lr,
+                                betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    batch = make_step_batch(41, SAMPLES)
+    norms = [ref.update({k: v[s:s + 4] for k, v in batch.items()})[1] for s in (0, 4)]
+    adapters = {n: p.detach().clone() for n, p in ref.model.named_parameters() if ".lora_" in n}
+    probe = make_step_batch(77, SAMPLES)
+    ref.model.eval()
+    with torch.no_grad():
+        logits = ref.model(input_ids=probe["input_ids"], attention_mask=probe["attention_mask"],
+                           position_ids=probe["position_ids"]).logits[:, -probe["responses"].shape[1] - 1:-1]
+    log_probs = logprobs_from_logits(logits, probe["responses"])
+    merged = {n: p.detach().clone() for n, p in ref.model.merge_and_unload().named_parameters()}
+    return adapters, merged, log_probs, norms
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_with_sp2_equals_single_process_peft(multirank, tmp_path, stage):
+    model_dir = make_model_dir(tmp_path / "model")
+    results = multirank(_run, 2, timeout_s=150, args=(model_dir, stage))
+    # dp=1: both SP ranks hold the whole model; they must start from the same adapters.
+    for a, b in zip(results[0], results[1]):
+        assert all(torch.equal(a["adapters0"][k], b["adapters0"][k]) for k in a["adapters0"])
+    want_adapters, want_merged, want_log_probs, want_norms = _reference(model_dir, stage, results[0][0]["adapters0"])
+    probe = make_step_batch(77, SAMPLES)
+    for rank in range(2):
+        rows = slice(rank * 4, rank * 4 + 4)
+        mask = probe["response_mask"][rows].bool()
+        for res in results[rank]:
+            case = (stage, rank, res["rmpad"])
+            assert res["adapters1"].keys() == want_adapters.keys(), case
+            moved = max((res["adapters1"][k] - res["adapters0"][k]).abs().max().item() for k in want_adapters)
+            assert moved > 100 * TOL, (case, "the adapters did not train", moved)
+            diff = max((res["adapters1"][k] - want_adapters[k]).abs().max().item() for k in want_adapters)
+            assert diff < TOL, (case, "adapters", diff)
+            diff = max((res["merged"][k] - want_merged[k]).abs().max().item() for k in want_merged)
+            assert diff < TOL, (case, "merged weights", diff)
+            diff = (res["log_probs"][mask] - want_log_probs[rows][mask]).abs().max().item()
+            assert diff < TOL, (case, "log-probs after the update", diff)
+            assert abs(res["grad_norm"] - sum(want_norms) / 2) < 1e-4 * max(1.0, res["grad_norm"]), case
