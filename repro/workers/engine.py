@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from repro.batch import Batch
 from repro.devices import nvml_used_gb, on_cpu
 from repro.ds_config import build_ds_config, resolve_model_dtype
 
@@ -38,7 +39,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Batch = dict[str, torch.Tensor]
 # Returns the micro-batch's loss (already weighted by the mini-batch's global counts) and its
 # statistics (floats or 0-d tensors, summed by the caller); called once per micro-batch.
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, Any]]]
