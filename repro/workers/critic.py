@@ -20,7 +20,7 @@ from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
 from repro.workers import checkpoint, ulysses
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
-from repro.workers.mini_batches import forward_micro_batches, mean_stats, plan_mini_batches
+from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
 from repro.workers.packing import pack
 
 
@@ -84,12 +84,7 @@ class CriticWorker:
         batch = to_device(batch, self.engine.device)
         if self.sp > 1:
             batch = ulysses.gather_rows(batch, self.sp)
-        seed = (c.data_loader_seed if c.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
-        minis = plan_mini_batches(
-            batch, self.plan.per_rank_mini, c.ppo_epochs, shuffle=c.shuffle, seed=seed,
-            micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
-        )
+        minis = update_mini_batches(batch, self.plan, c, self.cfg.data.seed, self.updates, self.sp)
         dp = float(self.world_size // self.sp)
         capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, weights = [], []
@@ -112,14 +107,7 @@ class CriticWorker:
             results.append(self.engine.train_mini_batch(mini.micro_batches, loss_fn))
             weights.append(mini.local_tokens)
         self.updates += 1
-        per_update = []
-        for res, tokens in zip(results, weights, strict=True):
-            summed = {k: float(sum(s[k] for s in res.stats)) for k in res.stats[0]} if res.stats else {}
-            for key in ("critic/vf_clipfrac", "critic/vpred_mean"):
-                if key in summed:
-                    summed[key] /= max(tokens, 1.0)
-            per_update.append(summed)
-        metrics = mean_stats(per_update)
+        metrics = mean_update_stats([r.stats for r in results], weights, ("critic/vf_clipfrac", "critic/vpred_mean"))
         applied = [r for r in results if not r.skipped]
         metrics["critic/grad_norm"] = sum(r.grad_norm for r in applied) / len(applied) if applied else float("nan")
         metrics["critic/lr"] = results[-1].lr

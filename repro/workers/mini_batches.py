@@ -10,13 +10,18 @@ two all-reduces per update call, issued by every rank before any forward.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from repro.batch import Batch, chunks, num_samples, select, seq_lens
 from repro.token_budget import min_micro_batches, split_micro_batches_by_tokens
 from repro.workers.engine import all_reduce_counts
+
+if TYPE_CHECKING:
+    from repro.batching import RoleBatchPlan
 
 
 @dataclass
@@ -94,12 +99,32 @@ def forward_micro_batches(batch: Batch, micro: int | None, max_token_len: int | 
     return chunks(total, micro or total)
 
 
-def mean_stats(stats: list[dict[str, float]], weights: list[float] | None = None) -> dict[str, float]:
-    """Weighted mean of each key over a list of statistic dicts (weights default to 1)."""
-    weights = weights or [1.0] * len(stats)
-    out: dict[str, float] = {}
-    for key in {k for s in stats for k in s}:
-        pairs = [(s[key], w) for s, w in zip(stats, weights, strict=True) if key in s]
-        total = sum(w for _, w in pairs)
-        out[key] = sum(v * w for v, w in pairs) / total if total else 0.0
-    return out
+def update_mini_batches(batch: Batch, plan: RoleBatchPlan, section: Any, data_seed: int, updates: int,
+                        sp: int = 1) -> list[MiniBatch]:
+    """The mini-batches of a role's update call, as :func:`plan_mini_batches` cuts them by ``plan``.
+
+    ``section`` is the role's config (``ppo_epochs``, ``shuffle``, ``data_loader_seed``, else
+    ``data_seed``); ``updates`` (the role's update calls so far) moves the shuffle on each call.
+    """
+    seed = (section.data_loader_seed if section.data_loader_seed is not None else data_seed) + 7919 * updates
+    return plan_mini_batches(
+        batch, plan.per_rank_mini, section.ppo_epochs, shuffle=section.shuffle, seed=seed,
+        micro=None if plan.dynamic else plan.micro,
+        max_token_len=plan.max_token_len if plan.dynamic else None, sp=sp,
+    )
+
+
+def mean_update_stats(per_update: Sequence[Sequence[Mapping[str, Any]]], local_tokens: Sequence[float],
+                      per_token: Sequence[str]) -> dict[str, float]:
+    """One value per statistic over an update call: each update's micro-batch statistics summed
+    (keys in ``per_token`` divided by the update's local response tokens), then the mean over the
+    updates that report the key."""
+    summed = []
+    for stats, tokens in zip(per_update, local_tokens, strict=True):
+        total = {k: float(sum(s.get(k, 0.0) for s in stats)) for k in {k for s in stats for k in s}}
+        for key in per_token:
+            if key in total:
+                total[key] /= max(tokens, 1.0)
+        summed.append(total)
+    keys = {k for s in summed for k in s}
+    return {k: sum(s[k] for s in summed if k in s) / sum(1 for s in summed if k in s) for k in keys}

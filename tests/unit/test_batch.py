@@ -99,3 +99,33 @@ def test_padded_batch_positions_count_real_tokens_and_masks_join(prompt_lens, da
         real = out["attention_mask"][row].bool()
         assert out["position_ids"][row][real].tolist() == list(range(int(real.sum())))
         assert out["position_ids"][row][: p - prompt_lens[row]].eq(0).all()
+
+
+def _batch_aliases(source: str) -> list[str]:
+    """Module-level names bound to ``dict[str, torch.Tensor]`` (or named ``Batch``) in ``source``."""
+    import ast
+
+    out = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and value is not None and (
+                target.id == "Batch" or ast.unparse(value).replace(" ", "") == "dict[str,torch.Tensor]"
+            ):
+                out.append(target.id)
+    return out
+
+
+def test_the_batch_type_is_defined_in_one_module_only():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "repro"
+    found = {str(p.relative_to(root)): names for p in sorted(root.rglob("*.py"))
+             if (names := _batch_aliases(p.read_text()))}
+    assert found == {"batch.py": ["Batch"]}, f"define batch types in repro/batch.py only, not in {found}"
+
+
+def test_the_alias_scanner_finds_a_second_definition():
+    assert _batch_aliases("import torch\nRows = dict[str, torch.Tensor]\nBatch = dict\n") == ["Rows", "Batch"]
+    assert _batch_aliases("from repro.batch import Batch\nx: int = 1\n") == []
