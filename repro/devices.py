@@ -1,4 +1,4 @@
-"""Where this process computes: the one answer to "CPU or CUDA?" and the NVML memory read.
+"""Where this process computes: the one answer to "CPU or CUDA?", and every NVML read.
 
 ``DS_ACCELERATOR=cpu`` forces the CPU paths even on a machine with GPUs (the tests and the CPU
 runs set it), so every "is CUDA in use" question in the package goes through :func:`on_cpu`.
@@ -28,6 +28,23 @@ def default_device() -> torch.device:
     import torch
 
     return torch.device("cpu") if on_cpu() else torch.device("cuda", torch.cuda.current_device())
+
+
+def visible_gpus() -> int:
+    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` or NVML, without a CUDA context."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return int(pynvml.nvmlDeviceGetCount())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no driver or no library: no usable GPU
+        return 0
 
 
 def nvml_used_gb() -> float | None:

@@ -32,6 +32,7 @@ from typing import Any
 
 from repro import placement
 from repro.config import RunConfig, critic_enabled
+from repro.devices import visible_gpus
 
 TINY = "tiny"
 # Any of these makes a folder loadable by AutoTokenizer (fast, sentencepiece, BPE, WordPiece, tiktoken).
@@ -127,23 +128,6 @@ def check_writable_dir(key: str, path: Path) -> None:
         os.unlink(tmp)
     except OSError as e:
         raise InputError(f"{key}: {path} is not writable ({e.strerror or e} in {probe})") from None
-
-
-def visible_gpus() -> int:
-    """GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` or NVML, without a CUDA context."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no driver or no library: no usable GPU
-        return 0
 
 
 def check_device(cfg: RunConfig, gpus: int | None = None) -> None:

@@ -1,9 +1,9 @@
-"""Driver-side batch operations of the RL loop: sharding, rewards, the KL controller, batch metrics.
+"""Driver-side RL operations on the rollout batch: rewards, the KL controller, batch metrics.
 
-A batch is a dict of tensors whose first dimension is the sample (verl's padded layout, see
-interfaces.md). The driver splits it into contiguous per-rank shards, gathers the workers'
-results back in rank order, scores the decoded responses with the data source's rule reward
-and places each score on the response's last real token.
+The rollout batch is a ``repro.batch.Batch`` (cut into rank shards and joined again there).
+The driver scores the decoded responses with the data source's rule reward and places each
+score on the response's last real token, applies the in-reward KL penalty, and computes verl's
+data and timing metrics.
 """
 
 from __future__ import annotations
@@ -15,37 +15,6 @@ import torch
 
 from repro.algorithms import kl_penalty, masked_mean
 from repro.metrics import masked_stats
-
-Batch = dict[str, torch.Tensor]
-
-
-def split_batch(batch: Mapping[str, torch.Tensor], parts: int) -> list[Batch]:
-    """``parts`` contiguous shards of equal size (the batch plan guarantees divisibility)."""
-    size = next(iter(batch.values())).shape[0]
-    if size % parts:
-        raise ValueError(f"batch of {size} samples cannot be split evenly across {parts} ranks")
-    step = size // parts
-    return [{k: v[i * step:(i + 1) * step] for k, v in batch.items()} for i in range(parts)]
-
-
-def split_list(items: Sequence[Any], parts: int) -> list[list[Any]]:
-    """Contiguous, nearly equal shards (the first ones one longer when it does not divide)."""
-    q, r = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + q + (1 if i < r else 0)
-        out.append(list(items[start:end]))
-        start = end
-    return out
-
-
-def concat_batches(shards: Sequence[Mapping[str, torch.Tensor]]) -> Batch:
-    """Concatenate per-rank results in rank order."""
-    keys = shards[0].keys()
-    for s in shards:
-        if s.keys() != keys:
-            raise ValueError(f"ranks returned different keys: {sorted(keys)} vs {sorted(s.keys())}")
-    return {k: torch.cat([s[k] for s in shards], dim=0) for k in keys}
 
 
 def decode_responses(tokenizer: Any, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:

@@ -26,6 +26,7 @@ import torch
 
 from repro import algorithms
 from repro.advantages import compute_advantage
+from repro.batch import Batch, concat_batches, pick, shard_batch, split_list
 from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
@@ -47,11 +48,8 @@ from repro.rl_batch import (
     KLController,
     apply_kl_penalty,
     batch_metrics,
-    concat_batches,
     decode_responses,
     score_responses,
-    split_batch,
-    split_list,
     timing_per_token_ms,
     token_level_scores,
 )
@@ -72,10 +70,6 @@ _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses", "re
 _ACTOR_KEYS = _FORWARD_KEYS + ("old_log_probs", "advantages", "ref_log_prob")
 _CRITIC_KEYS = _FORWARD_KEYS + ("values", "returns")
 TRAINER_STATE = "trainer_state.json"
-
-
-def _pick(batch: dict[str, torch.Tensor], keys: tuple[str, ...]) -> dict[str, torch.Tensor]:
-    return {k: batch[k] for k in keys if k in batch}
 
 
 class PPOTrainer:
@@ -125,7 +119,7 @@ class PPOTrainer:
 
     # ---- one RL step --------------------------------------------------------------------------
     def _rollout(self, items: list[dict[str, Any]], n: int, step: int, purpose: str,
-                 **gen_kwargs: Any) -> dict[str, torch.Tensor]:
+                 **gen_kwargs: Any) -> Batch:
         assert self.group is not None
         ids = [it["input_ids"] for it in items]
         pad_to = max(len(p) for p in ids)
@@ -134,15 +128,15 @@ class PPOTrainer:
                                       purpose=purpose, prompt_pad_to=pad_to, **gen_kwargs)
         return concat_batches([o for o in outs if o["input_ids"].shape[0]])
 
-    def _score(self, items: list[dict[str, Any]], batch: dict[str, torch.Tensor], n: int) -> torch.Tensor:
+    def _score(self, items: list[dict[str, Any]], batch: Batch, n: int) -> torch.Tensor:
         texts = decode_responses(self.tokenizer, batch["responses"], batch["response_mask"])
         sources = [it["data_source"] for it in items for _ in range(n)]
         truths = [it["ground_truth"] for it in items for _ in range(n)]
         return score_responses(texts, sources, truths, self.get_reward_fn, self.cfg.reward.reward_kwargs)
 
-    def _fan(self, method: str, batch: dict[str, torch.Tensor], keys: tuple[str, ...]) -> list[Any]:
+    def _fan(self, method: str, batch: Batch, keys: tuple[str, ...]) -> list[Any]:
         assert self.group is not None
-        return self.group.execute_all(method, split_batch(_pick(batch, keys), self.group.world))
+        return self.group.execute_all(method, shard_batch(pick(batch, keys), self.group.world))
 
     def train_step(self, step: int) -> dict[str, Any]:
         assert self.group is not None
@@ -193,7 +187,7 @@ class PPOTrainer:
         row["training/epoch"] = (step - 1) // self.steps_per_epoch
         return row
 
-    def _rewards_and_advantages(self, batch: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+    def _rewards_and_advantages(self, batch: Batch, step: int) -> dict[str, float]:
         algo = self.cfg.algorithm
         mask = batch["response_mask"]
         out: dict[str, float] = {}

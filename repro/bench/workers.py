@@ -160,7 +160,7 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
     if ds.zero_stage == 3 and ds.zero3_leaf_modules:
         mark_zero3_leaves(model)
     conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
-                           grad_clip=1.0, on_cuda=os.environ.get("DS_ACCELERATOR") != "cpu")
+                           grad_clip=1.0, on_cuda=not on_cpu())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
     engine.train()
     ids = ids.to(engine.device)
@@ -178,10 +178,11 @@ def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from repro.workers.engine import device, load_hf_model
+    from repro.devices import default_device
+    from repro.workers.engine import load_hf_model
     from repro.workers.zero3_leaf import decoder_layer_classes
 
-    dev = device()
+    dev = default_device()
     on_cuda = dev.type == "cuda"
     # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
     model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)

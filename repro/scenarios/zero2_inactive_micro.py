@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from repro.batch import Batch, padded_batch
 from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 
 PROMPT_LEN = RESPONSE_LEN = 4
@@ -85,7 +86,7 @@ def make_config(model_dir: str, world_size: int, skip_inactive: bool) -> Any:
     return load_config(overrides)
 
 
-def make_batch(rank: int, seed: int = 7) -> dict[str, torch.Tensor]:
+def make_batch(rank: int, seed: int = 7) -> Batch:
     """This rank's update batch in verl's padded layout; rank 0's second response is empty."""
     vocab = TOY_VOCAB
     gen = torch.Generator().manual_seed(seed + rank)
@@ -97,14 +98,9 @@ def make_batch(rank: int, seed: int = 7) -> dict[str, torch.Tensor]:
         response_mask[INACTIVE_SAMPLE] = 0
     responses = responses * response_mask
     prompt_mask = torch.ones(b, PROMPT_LEN, dtype=torch.long)
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
     fmask = response_mask.float()
     return {
-        "input_ids": torch.cat([prompt, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0),
-        "responses": responses,
-        "response_mask": response_mask,
+        **padded_batch(prompt, prompt_mask, responses, response_mask),
         "old_log_probs": (-4.0 + 0.3 * torch.randn(b, RESPONSE_LEN, generator=gen)) * fmask,
         "advantages": torch.randn(b, RESPONSE_LEN, generator=gen) * fmask,
     }

@@ -19,22 +19,16 @@ import torch
 import torch.distributed as dist
 
 from repro.algorithms import agg_loss, kl_penalty
+from repro.batch import Batch, num_samples, select, to_device
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config_rules import check_inactive_skip
 from repro.distributed import init_distributed
 from repro.policy_losses import compute_policy_loss_by_mode
 from repro.workers import checkpoint, lora, ulysses
-from repro.workers.batches import (
-    Batch,
-    batch_size,
-    forward_micro_batches,
-    mean_stats,
-    plan_mini_batches,
-    select,
-)
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.logprob import token_log_probs
+from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
 from repro.workers.packing import pack
 
 logger = logging.getLogger(__name__)
@@ -133,13 +127,13 @@ class ActorWorker:
         else:
             micro, dynamic, budget = (rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                                       rollout.log_prob_max_token_len_per_gpu)
-        batch = self._to_device(batch)
+        batch = to_device(batch, self.engine.device)
         if self.sp > 1:
             batch = ulysses.gather_rows(batch, self.sp)
             budget *= self.sp  # an SP group forwards its ranks' samples together (verl's scaling)
         splits = forward_micro_batches(batch, micro or (None if dynamic else self.plan.micro),
                                        budget if dynamic else None)
-        total = batch_size(batch)
+        total = num_samples(batch)
         log_probs = torch.zeros(batch["responses"].shape, dtype=torch.float32, device=batch["responses"].device)
         entropy = torch.zeros_like(log_probs) if calculate_entropy else None
         base = lora.adapters_disabled(self.engine.module) if without_adapters else contextlib.nullcontext()
@@ -155,27 +149,18 @@ class ActorWorker:
         out = {"log_probs": log_probs, **({"entropy": entropy} if entropy is not None else {})}
         return {k: (ulysses.own_rows(v, self.sp) if self.sp > 1 else v).cpu() for k, v in out.items()}
 
-    def _to_device(self, batch: Batch) -> Batch:
-        dev = self.engine.device
-        return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-
     # ---- update ----------------------------------------------------------------------------
     def update_policy(self, batch: Batch) -> dict[str, float]:
         """PPO epochs over this rank's shard: one optimizer update per mini-batch."""
         if self.role != "actor":
             raise ValueError("update_policy called on the frozen reference policy (role='ref')")
         a = self.acfg
-        batch = self._to_device(batch)
+        batch = to_device(batch, self.engine.device)
         if self.sp > 1:
             batch = ulysses.gather_rows(batch, self.sp)
         if a.use_kl_loss and "ref_log_prob" not in batch:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=True needs 'ref_log_prob' in the batch")
-        seed = (a.data_loader_seed if a.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
-        minis = plan_mini_batches(
-            batch, self.plan.per_rank_mini, a.ppo_epochs, shuffle=a.shuffle, seed=seed,
-            micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
-        )
+        minis = update_mini_batches(batch, self.plan, a, self.cfg.data.seed, self.updates, self.sp)
         low = a.clip_ratio_low if a.clip_ratio_low is not None else a.clip_ratio
         high = a.clip_ratio_high if a.clip_ratio_high is not None else a.clip_ratio
         dp = float(self.world_size // self.sp)
@@ -220,14 +205,8 @@ class ActorWorker:
         return self._metrics(results, token_weights)
 
     def _metrics(self, results: list, token_weights: list[float]) -> dict[str, float]:
-        per_update = []
-        for res, tokens in zip(results, token_weights, strict=True):
-            summed = {k: float(sum(s.get(k, 0.0) for s in res.stats)) for k in {k for s in res.stats for k in s}}
-            for key in ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy"):
-                if key in summed:
-                    summed[key] /= max(tokens, 1.0)
-            per_update.append(summed)
-        metrics = mean_stats(per_update)
+        metrics = mean_update_stats([r.stats for r in results], token_weights,
+                                    ("actor/pg_clipfrac", "actor/pg_clipfrac_lower", "actor/ppo_kl", "actor/entropy"))
         if self.acfg.use_kl_loss:
             metrics["actor/kl_coef"] = self.acfg.kl_loss_coef
         applied = [r for r in results if not r.skipped]

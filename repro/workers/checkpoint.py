@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from repro.checkpoint_store import write_json_atomic
+from repro.devices import on_cpu
 from repro.workers import lora
 
 if TYPE_CHECKING:
@@ -77,7 +78,8 @@ def config_digest(cfg: Any) -> str:
 
 def _rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    # A CPU run (DS_ACCELERATOR=cpu) on a GPU host neither uses nor should wake the CUDA generator.
+    if not on_cpu():
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 
@@ -86,7 +88,7 @@ def _set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if "cuda" in state and not on_cpu():
         torch.cuda.set_rng_state(state["cuda"])
 
 

@@ -14,19 +14,13 @@ import torch
 import torch.distributed as dist
 
 from repro.algorithms import compute_value_loss, masked_mean
+from repro.batch import Batch, num_samples, select, to_device
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
 from repro.workers import checkpoint, ulysses
-from repro.workers.batches import (
-    Batch,
-    batch_size,
-    forward_micro_batches,
-    mean_stats,
-    plan_mini_batches,
-    select,
-)
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
+from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
 from repro.workers.packing import pack
 
 
@@ -67,14 +61,10 @@ class CriticWorker:
         values = packed.unpack(values) if packed else values
         return values[:, -resp_len - 1:-1] * mb["response_mask"]
 
-    def _to_device(self, batch: Batch) -> Batch:
-        dev = self.engine.device
-        return {k: v.to(dev) if torch.is_tensor(v) else v for k, v in batch.items()}
-
     def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Values of the response positions, zero on padding, ``[B, R]``."""
         c = self.ccfg
-        batch = self._to_device(batch)
+        batch = to_device(batch, self.engine.device)
         if self.sp > 1:
             batch = ulysses.gather_rows(batch, self.sp)
         micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu or None
@@ -85,21 +75,16 @@ class CriticWorker:
             for idx in splits:
                 mb = select(batch, idx)
                 values[torch.as_tensor(idx, device=values.device)] = self._values(mb, budget) * mb["response_mask"]
-        assert sum(len(i) for i in splits) == batch_size(batch)
+        assert sum(len(i) for i in splits) == num_samples(batch)
         return {"values": (ulysses.own_rows(values, self.sp) if self.sp > 1 else values).cpu()}
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """PPO epochs of clipped value-loss updates: one optimizer update per mini-batch."""
         c = self.ccfg
-        batch = self._to_device(batch)
+        batch = to_device(batch, self.engine.device)
         if self.sp > 1:
             batch = ulysses.gather_rows(batch, self.sp)
-        seed = (c.data_loader_seed if c.data_loader_seed is not None else self.cfg.data.seed) + 7919 * self.updates
-        minis = plan_mini_batches(
-            batch, self.plan.per_rank_mini, c.ppo_epochs, shuffle=c.shuffle, seed=seed,
-            micro=None if self.plan.dynamic else self.plan.micro,
-            max_token_len=self.plan.max_token_len if self.plan.dynamic else None, sp=self.sp,
-        )
+        minis = update_mini_batches(batch, self.plan, c, self.cfg.data.seed, self.updates, self.sp)
         dp = float(self.world_size // self.sp)
         capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, weights = [], []
@@ -122,14 +107,7 @@ class CriticWorker:
             results.append(self.engine.train_mini_batch(mini.micro_batches, loss_fn))
             weights.append(mini.local_tokens)
         self.updates += 1
-        per_update = []
-        for res, tokens in zip(results, weights, strict=True):
-            summed = {k: float(sum(s[k] for s in res.stats)) for k in res.stats[0]} if res.stats else {}
-            for key in ("critic/vf_clipfrac", "critic/vpred_mean"):
-                if key in summed:
-                    summed[key] /= max(tokens, 1.0)
-            per_update.append(summed)
-        metrics = mean_stats(per_update)
+        metrics = mean_update_stats([r.stats for r in results], weights, ("critic/vf_clipfrac", "critic/vpred_mean"))
         applied = [r for r in results if not r.skipped]
         metrics["critic/grad_norm"] = sum(r.grad_norm for r in applied) / len(applied) if applied else float("nan")
         metrics["critic/lr"] = results[-1].lr

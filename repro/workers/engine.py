@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from repro.devices import nvml_used_gb, on_cpu
+from repro.batch import Batch
+from repro.devices import default_device, nvml_used_gb, on_cpu
 from repro.ds_config import build_ds_config, resolve_model_dtype
 
 if TYPE_CHECKING:
@@ -38,17 +39,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-Batch = dict[str, torch.Tensor]
 # Returns the micro-batch's loss (already weighted by the mini-batch's global counts) and its
 # statistics (floats or 0-d tensors, summed by the caller); called once per micro-batch.
 LossFn = Callable[[Batch], tuple[torch.Tensor, dict[str, Any]]]
-
-
-def device() -> torch.device:
-    """The device this rank trains on (CUDA device of LOCAL_RANK, or CPU)."""
-    if on_cpu():
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 def torch_dtype(ds: DeepSpeedConfig) -> torch.dtype:
@@ -143,7 +136,7 @@ def all_reduce_counts(values: Sequence[float], op: str = "sum") -> list[float]:
     """All-reduce a few numbers at once (one collective; none at world size 1)."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return [float(v) for v in values]
-    dev = device()
+    dev = default_device()
     tensor = torch.tensor(list(values), dtype=torch.float64 if dev.type == "cpu" else torch.float32, device=dev)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
     return tensor.tolist()
@@ -175,7 +168,7 @@ class RoleEngine:
                             trainable=self.trainable),
             ds_overrides,
         )
-        self.device = device()
+        self.device = default_device()
         self.loaded_step: int | None = None
         """Step of the checkpoint this process loaded (never pruned by a later save)."""
         self.before_step: Callable[[RoleEngine], None] | None = None

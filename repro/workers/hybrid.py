@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
+from repro.batch import Batch
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.devices import nvml_used_gb
 from repro.workers import lora
-
-Batch = dict[str, torch.Tensor]
 
 
 def sampling_seed(seed: int, step: int, rank: int, purpose: str = "train") -> int:

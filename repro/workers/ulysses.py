@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-Batch = dict[str, torch.Tensor]
+from repro.batch import Batch
 
 
 def _block_causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -1,29 +1,11 @@
-"""Driver-side batch operations: sharding round trip, reward placement, KL controller."""
+"""Driver-side RL operations on the rollout batch: reward placement, KL controller."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from repro.rl_batch import KLController, concat_batches, split_batch, split_list, token_level_scores
-
-
-def test_split_then_concat_restores_the_batch():
-    batch = {"a": torch.arange(12).reshape(6, 2), "b": torch.arange(6)}
-    shards = split_batch(batch, 3)
-    assert [s["b"].tolist() for s in shards] == [[0, 1], [2, 3], [4, 5]]
-    back = concat_batches(shards)
-    assert all(torch.equal(back[k], batch[k]) for k in batch)
-
-
-def test_uneven_batch_split_is_refused():
-    with pytest.raises(ValueError, match="evenly"):
-        split_batch({"a": torch.zeros(5, 2)}, 2)
-
-
-def test_split_list_keeps_order_and_spreads_the_remainder():
-    assert split_list(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
-    assert split_list([1], 2) == [[1], []]
+from repro.rl_batch import KLController, token_level_scores
 
 
 def test_score_lands_on_last_real_response_token():

@@ -20,6 +20,7 @@ from repro.algorithms import (
     compute_value_loss,
     kl_penalty,
 )
+from repro.batch import padded_batch
 from repro.config import DeepSpeedConfig, RunConfig
 from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 from repro.workers.logprob import token_log_probs
@@ -119,15 +120,9 @@ def make_step_batch(seed: int, samples: int, prompt_len: int = 6, resp_len: int 
     responses = torch.randint(1, TOY_VOCAB, (samples, resp_len), generator=gen)
     response_mask = (torch.arange(resp_len)[None] < r_lens[:, None]).long()
     responses = responses * response_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     fmask = response_mask.float()
     return {
-        "input_ids": torch.cat([prompt, responses], dim=1),
-        "attention_mask": attention_mask,
-        "position_ids": position_ids,
-        "responses": responses,
-        "response_mask": response_mask,
+        **padded_batch(prompt, prompt_mask, responses, response_mask),
         "old_log_probs": (-4.2 + 0.3 * torch.randn(samples, resp_len, generator=gen)) * fmask,
         "ref_log_prob": (-4.2 + 0.3 * torch.randn(samples, resp_len, generator=gen)) * fmask,
         "advantages": torch.randn(samples, resp_len, generator=gen) * fmask,
