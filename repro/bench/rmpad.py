@@ -8,9 +8,14 @@ taken within one command:
 - ``padded_full``: padded micro-batches, log-probs from one fp32 chunk of the whole micro-batch
   (the computation before ``repro.workers.logprob``);
 - ``padded``: padded micro-batches, chunked log-probs;
-- ``rmpad``: ``use_remove_padding`` with token-budget micro-batches of ``micro * (prompt +
-  response)`` tokens (the padded micro-batch's size), chunked log-probs;
-- ``rmpad_lora``: the same with LoRA (rank 8, all linear layers).
+- ``padded_dynbsz``: padded, chunked, token-budget micro-batches (``use_dynamic_bsz``) of
+  ``micro * (prompt + response)`` real tokens: fewer, fuller micro-batches without packing;
+- ``rmpad``: ``use_remove_padding`` with token-budget micro-batches of the same budget, chunked
+  log-probs of the response positions only, and on CUDA FlashAttention over each micro-batch
+  packed into one row (:mod:`repro.workers.varlen`);
+- ``rmpad_sdpa``: the same without the varlen path: rows of the padded width under
+  transformers' ``sdpa`` attention with its block-causal mask (what CPU runs use);
+- ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers).
 
 Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
 ``[prompt / 4, prompt]``; responses right-padded to ``--response`` with lengths uniform in
@@ -34,8 +39,8 @@ from pathlib import Path
 
 from repro.bench.workers import _free_port, _model_config, _sync, add_case_process_args, make_model_dir
 
-CASES = ("padded_full", "padded", "rmpad", "rmpad_lora")
-COLUMNS = ("round", "case", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
+CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
+COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
 
 
 def _run_config(model_dir: str, case: str, args: argparse.Namespace):
@@ -55,6 +60,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     actor.optim.lr = 1e-6
     if case.startswith("rmpad"):
         arr.model.use_remove_padding = True
+    if case.startswith("rmpad") or case == "padded_dynbsz":
         actor.use_dynamic_bsz = True
         actor.ppo_micro_batch_size_per_gpu = None
         actor.ppo_max_token_len_per_gpu = args.micro * (args.prompt + args.response)
@@ -93,13 +99,14 @@ def _child(args: argparse.Namespace) -> None:
     import torch
 
     from repro.distributed import init_distributed
-    from repro.workers import logprob
+    from repro.workers import logprob, varlen
     from repro.workers.actor import ActorWorker
 
     init_distributed()
     if args.case == "padded_full":
         # one chunk of the whole micro-batch: the full-vocabulary fp32 computation
         logprob.token_log_probs.__kwdefaults__["chunk_elements"] = 1 << 62
+    varlen.ENABLED = args.case != "rmpad_sdpa"
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
@@ -115,7 +122,7 @@ def _child(args: argparse.Namespace) -> None:
     step_s = statistics.median(times[args.warmup:])
     on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu"
     row = {
-        "case": args.case, "step_s": step_s,
+        "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
@@ -175,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)
         ratio = f"{r['real_tokens_per_s'] / base['real_tokens_per_s']:.3f}" if base else ""
-        lines.append("\t".join([str(r["round"]), r["case"], f"{r['step_s']:.4f}", f"{r['real_tokens_per_s']:.1f}",
+        lines.append("\t".join([str(r["round"]), r["case"], str(r["varlen"]), f"{r['step_s']:.4f}", f"{r['real_tokens_per_s']:.1f}",
                                 f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio]))
     table = "\n".join(lines)
     print(table, flush=True)

@@ -25,7 +25,7 @@ from repro.config import RunConfig, resolve_env_knobs
 from repro.config_rules import check_inactive_skip
 from repro.distributed import init_distributed
 from repro.policy_losses import compute_policy_loss_by_mode
-from repro.workers import checkpoint, lora, ulysses
+from repro.workers import checkpoint, lora, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.logprob import token_log_probs
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
@@ -70,6 +70,9 @@ class ActorWorker:
         module = load_hf_model(arr.model, torch_dtype(self.ds))
         self.sp = arr.actor.ulysses_sequence_parallel_size
         mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
+        self.varlen = self.remove_padding and self.sp == 1 and varlen.supported(torch_dtype(self.ds))
+        if self.varlen:
+            varlen.enable(module)
         if role == "actor" and lora.enabled(arr.model):
             module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(
@@ -97,8 +100,16 @@ class ActorWorker:
                 use_cache=False, logits_to_keep=resp_len + 1,
             ).logits[:, :-1]
             return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
-        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
+        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity, one_row=self.varlen) \
             if self.remove_padding else None
+        if packed and self.sp == 1:
+            # logits only where a response token is predicted, as the padded path's logits_to_keep
+            slots = packed.response_slots(mb["response_mask"])
+            logits = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                                         use_cache=False, logits_to_keep=slots.columns).logits
+            log_prob, entropy = token_log_probs(logits, packed.next_token[:, slots.columns],
+                                                temperature=self.temperature, with_entropy=with_entropy)
+            return slots.scatter(log_prob), (slots.scatter(entropy) if entropy is not None else None)
         ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])
         log_prob, entropy = ulysses.token_forward(
             self.engine.forward, ids, pos, self.sp,

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ELEMENTS = 1 << 22
-"""Values of one fp32 chunk (16 MiB): bounds the temporaries whatever the vocabulary size."""
+CHUNK_ELEMENTS = 1 << 24
+"""Values of one fp32 chunk (64 MiB; about 110 tokens of a 150k vocabulary): bounds the
+temporaries whatever the vocabulary size. Smaller chunks cost time on a GPU: each chunk is a
+dozen kernel launches (``python -m repro.bench.logprob_chunks`` measures the choice)."""
 
 
 def _chunks(logits: torch.Tensor, chunk_elements: int):
@@ -34,6 +36,12 @@ def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
     return torch.promote_types(logits.dtype, torch.float32)
 
 
+def _scaled(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torch.Tensor:
+    """``chunk / T`` in ``dtype`` (no division pass at T = 1)."""
+    x = chunk.to(dtype)
+    return x / temperature if temperature != 1.0 else x
+
+
 class _TokenLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels, temperature, with_entropy, chunk_elements):  # noqa: D102
@@ -42,7 +50,7 @@ class _TokenLogProb(torch.autograd.Function):
         log_prob = torch.empty(shape, dtype=acc, device=logits.device)
         entropy = torch.empty(shape if with_entropy else (0,), dtype=acc, device=logits.device)
         for b, s, e in _chunks(logits, chunk_elements):
-            x = logits[b, s:e].to(acc) / temperature
+            x = _scaled(logits[b, s:e], acc, temperature)
             chunk_lse = torch.logsumexp(x, dim=-1)
             lse[b, s:e] = chunk_lse
             log_prob[b, s:e] = x.gather(-1, labels[b, s:e].unsqueeze(-1)).squeeze(-1) - chunk_lse
@@ -60,7 +68,7 @@ class _TokenLogProb(torch.autograd.Function):
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         use_entropy = ctx.with_entropy and grad_entropy is not None
         for b, s, e in _chunks(logits, ctx.chunk_elements):
-            x = logits[b, s:e].to(lse.dtype) / t
+            x = _scaled(logits[b, s:e], lse.dtype, t)
             p = torch.exp(x - lse[b, s:e].unsqueeze(-1))
             if grad_log_prob is not None:
                 glp = grad_log_prob[b, s:e].to(lse.dtype)
@@ -71,7 +79,7 @@ class _TokenLogProb(torch.autograd.Function):
             if use_entropy:
                 mean_x = (p * x).sum(-1, keepdim=True)
                 g += grad_entropy[b, s:e].to(lse.dtype).unsqueeze(-1) * p * (mean_x - x)
-            grad[b, s:e] = (g / t).to(grad.dtype)
+            grad[b, s:e] = (g / t if t != 1.0 else g).to(grad.dtype)
         return grad, None, None, None, None
 
 

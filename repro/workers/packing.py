@@ -10,7 +10,13 @@ block-causal mask from those ``position_ids`` (``masking_utils.find_packed_seque
 FlashAttention-2 reads the same boundaries), so each token sees exactly its own sample's
 prefix, as in the padded batch. Row tails are filled with pad tokens at position 0, each its
 own one-token block. Per-token outputs are scattered back to the padded ``[B, S]`` layout
-with zeros on padding.
+with zeros on padding. With FlashAttention over the samples (:mod:`repro.workers.varlen`) no
+attention matrix exists, so the whole micro-batch goes into one row (``one_row``).
+
+Only the positions that predict a response token need logits (:meth:`PackedBatch.response_slots`):
+the padded path asks the model for the response's logits alone (``logits_to_keep``), and the
+packed path asks for the packed columns that hold those positions, so that the vocabulary-wide
+head and log-softmax do not run over the prompts.
 """
 
 from __future__ import annotations
@@ -66,15 +72,54 @@ class PackedBatch:
         out = out.index_put((self.padded_index,), values.reshape(-1).index_select(0, self.packed_index))
         return out.view(self.padded_shape)
 
+    def response_slots(self, response_mask: torch.Tensor) -> ResponseSlots:
+        """Where the logits predicting each response token (``response_mask`` ``[B, R]``, the last
+        ``R`` padded columns) lie in the packed rows."""
+        batch, seq = self.padded_shape
+        resp = response_mask.shape[1]
+        width = self.input_ids.shape[1]
+        packed_of = torch.full((batch * seq,), -1, dtype=torch.long, device=self.input_ids.device)
+        packed_of[self.padded_index] = self.packed_index
+        target = response_mask.reshape(-1).nonzero().squeeze(-1)
+        # response token t of sample i is predicted by padded position (i, S - R + t - 1)
+        source = packed_of[(target // resp) * seq + (seq - resp) + target % resp - 1]
+        if bool((source < 0).any()):
+            raise ValueError("a response token follows a padding position (attention_mask 0 before it): "
+                             "remove-padding needs real tokens before every response token")
+        columns, column_of = torch.unique(source % width, return_inverse=True)
+        return ResponseSlots(columns=columns, row=source // width, column_of=column_of, target=target,
+                             shape=(batch, resp))
+
+
+@dataclass
+class ResponseSlots:
+    """The packed positions predicting response tokens, and where their values go in ``[B, R]``."""
+
+    columns: torch.Tensor
+    """Sorted packed columns that any row needs (``logits_to_keep``); one row needs no other."""
+    row: torch.Tensor
+    """Packed row of each response token's predicting position."""
+    column_of: torch.Tensor
+    """Its index into ``columns``."""
+    target: torch.Tensor
+    """Flat ``B * R`` index of the response token."""
+    shape: tuple[int, int]
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """``[rows, len(columns)]`` per-position values -> ``[B, R]``, 0 off the response mask (differentiable)."""
+        picked = values[self.row, self.column_of]
+        out = picked.new_zeros(self.shape[0] * self.shape[1]).index_put((self.target,), picked)
+        return out.view(self.shape)
+
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-         capacity: int | None = None) -> PackedBatch:
+         capacity: int | None = None, *, one_row: bool = False) -> PackedBatch:
     """Pack the real tokens of a padded ``[B, S]`` micro-batch into first-fit rows of at most
-    ``min(capacity, S)`` tokens."""
+    ``min(capacity, S)`` tokens, or all into one row."""
     batch, seq = attention_mask.shape
     mask = attention_mask.bool()
     lengths = mask.sum(dim=1).tolist()
-    rows = first_fit(lengths, seq if capacity is None else min(capacity, seq))
+    rows = first_fit(lengths, None if one_row else seq if capacity is None else min(capacity, seq))
     width = max(sum(lengths[i] for i in row) for row in rows) if rows else 0
     dev = input_ids.device
     ids = torch.zeros(len(rows), max(width, 1), dtype=input_ids.dtype, device=dev)

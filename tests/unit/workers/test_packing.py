@@ -40,13 +40,13 @@ def padded_batches(draw):
     ids = torch.randint(1, 1000, (b, p + r), generator=gen) * mask
     pos = (mask.long().cumsum(1) - 1).clamp(min=0)
     capacity = draw(st.one_of(st.none(), st.integers(1, p + r + 4)))
-    return ids, mask.long(), pos, capacity
+    return ids, mask.long(), pos, capacity, p
 
 
 @settings(max_examples=50, deadline=None)
 @given(batch=padded_batches())
 def test_pack_keeps_every_real_token_once_and_scatters_back(batch):
-    ids, mask, pos, capacity = batch
+    ids, mask, pos, capacity, _ = batch
     packed = pack(ids, mask, pos, capacity)
     seq = ids.shape[1]
     # every real token exactly once, at a distinct packed slot
@@ -67,3 +67,20 @@ def test_pack_keeps_every_real_token_once_and_scatters_back(batch):
         for a, b in zip(real[:-1].tolist(), real[1:].tolist(), strict=True):
             k = (packed.padded_index == i * seq + a).nonzero().item()
             assert nxt[packed.packed_index[k]] == ids[i, b]
+
+
+@settings(max_examples=50, deadline=None)
+@given(batch=padded_batches(), one_row=st.booleans())
+def test_response_slots_hold_the_positions_that_predict_each_response_token(batch, one_row):
+    ids, mask, pos, capacity, prompt = batch
+    response_mask = mask[:, prompt:]
+    packed = pack(ids, mask, pos, capacity, one_row=one_row)
+    if one_row:
+        assert packed.input_ids.shape[0] == 1
+    slots = packed.response_slots(response_mask)
+    # the packed next token at each slot is the response token it predicts, 0 off the mask
+    labels = packed.next_token[:, slots.columns]
+    assert torch.equal(slots.scatter(labels.float()), (ids[:, prompt:] * response_mask).float())
+    # one row asks for no column it does not need
+    if one_row:
+        assert slots.columns.numel() == int(response_mask.sum())

@@ -1,0 +1,113 @@
+"""FlashAttention over packed rows on CUDA (``use_remove_padding``): torch's ``varlen_attn``.
+
+Without an attention mask, transformers' ``sdpa`` attention turns the ``position_ids`` of packed
+rows into a 4-D block-causal mask, and SDPA with an arbitrary mask runs its memory-efficient or
+math kernel instead of FlashAttention: packing saves tokens but each token costs more. torch's
+``torch.nn.attention.varlen.varlen_attn`` (FlashAttention-2 over ``cu_seqlens``, bf16/fp16 on
+CUDA) attends within each sample directly. :func:`enable` registers :func:`attention` under a
+key of its own and sets it on one model only (the rollout copy in the same process keeps its
+own attention), with no mask built at all.
+
+The samples come from the ``position_ids``: a sample starts wherever the position does not
+grow by one (the rule of :mod:`repro.workers.ulysses`), and every row starts one. The pad
+tokens of a row's tail sit at position 0, each a one-token sample that no real token sees.
+The boundaries are computed once per forward (one host sync for their count) and reused by
+every layer, and by the recomputation of gradient checkpointing.
+
+CPU runs, fp32 and sequence parallelism keep the exact ``sdpa``/``eager`` path.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+KEY = "repro_varlen"
+ENABLED = True
+"""Use the varlen path where it is supported (the remove-padding benchmark turns it off to
+measure the ``sdpa`` path on the same GPU)."""
+
+
+def _varlen_attn() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def supported(dtype: torch.dtype) -> bool:
+    """True when this process can run the varlen path: CUDA workers, half precision, torch's varlen op."""
+    from repro.devices import on_cpu
+
+    return ENABLED and dtype in (torch.bfloat16, torch.float16) and not on_cpu() and _varlen_attn() is not None
+
+
+def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``int32`` cumulative sample lengths over the flattened ``[rows, L]`` positions, and the longest."""
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = (position_ids[:, 1:] - position_ids[:, :-1]) != 1
+    first = starts.reshape(-1).nonzero().squeeze(-1)
+    total = torch.tensor([position_ids.numel()], device=first.device, dtype=first.dtype)
+    bounds = torch.cat([first, total])
+    return bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
+
+
+_cache: tuple[torch.Tensor, torch.Tensor, int] | None = None
+"""(position_ids, cu_seqlens, longest) of the last forward: the layers share one tensor object,
+and holding it keeps its memory from being reused by another batch's positions."""
+
+
+def _boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    global _cache
+    if _cache is None or _cache[0] is not position_ids:
+        _cache = (position_ids, *cu_seqlens(position_ids))
+    return _cache[1], _cache[2]
+
+
+def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+              sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function: ``[b, H, L, D]`` q/k/v -> ``[b, L, H, D]``, causal within each sample."""
+    if dropout or sliding_window:
+        raise ValueError(f"{KEY} attention supports neither dropout nor a sliding window "
+                         f"(got dropout={dropout}, sliding_window={sliding_window})")
+    fn = _varlen_attn()
+    params = inspect.signature(fn).parameters
+    cu, longest = _boundaries(kwargs["position_ids"])
+    b, heads, length, dim = query.shape
+    q = query.transpose(1, 2).reshape(b * length, heads, dim)
+    k = key.transpose(1, 2).reshape(b * length, key.shape[1], dim)
+    v = value.transpose(1, 2).reshape(b * length, value.shape[1], dim)
+    extra: dict[str, Any] = {}
+    if k.shape[1] != heads:
+        if "enable_gqa" in params:
+            extra["enable_gqa"] = True
+        else:
+            k = k.repeat_interleave(heads // k.shape[1], dim=1)
+            v = v.repeat_interleave(heads // v.shape[1], dim=1)
+    # torch 2.10 names causality is_causal; later versions a (left, right) window
+    extra.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
+    if scaling is not None:
+        if "scale" in params:
+            extra["scale"] = scaling
+        elif abs(scaling - dim ** -0.5) > 1e-12:
+            raise ValueError(f"{KEY} attention: this torch's varlen_attn has no scale argument (scaling={scaling})")
+    out = fn(q, k, v, cu, cu, longest, longest, **extra)
+    return out.view(b, length, heads, dim), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def enable(model: torch.nn.Module) -> None:
+    """Put :func:`attention` on ``model`` only (under its own key, with no mask built)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(KEY, attention)
+    AttentionMaskInterface.register(KEY, _no_mask)
+    model.set_attn_implementation(KEY)

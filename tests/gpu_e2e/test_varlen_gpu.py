@@ -1,0 +1,118 @@
+"""On CUDA, remove-padding's FlashAttention path (:mod:`repro.workers.varlen`, the whole
+micro-batch in one packed row) gives the padded batch's response log-probs and gradients
+within bf16 tolerance, and the attention function itself equals SDPA with the block-causal mask.
+
+bf16 rounding differs between the kernels, so the comparison is to tolerances; each test also
+shows that attending across the packed samples (plain causal attention over the row) misses the
+tolerance by far, so the tolerances can fail. Run with ``REPRO_GPU_TESTS=1`` (the repository
+conftest otherwise pins DeepSpeed, and so the workers' device checks, to the CPU).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import require_cuda_gpus
+from repro.workers import varlen
+from repro.workers.logprob import token_log_probs
+from repro.workers.packing import pack
+
+pytestmark = pytest.mark.gpu
+
+B, P, R, VOCAB = 6, 48, 64, 512
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    require_cuda_gpus(1)
+    if not varlen.supported(torch.bfloat16):
+        pytest.fail("torch.nn.attention.varlen is missing or the workers are pinned to the CPU "
+                    "(set REPRO_GPU_TESTS=1)")
+
+
+def _model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
+                      initializer_range=0.2, attn_implementation="sdpa")
+    return Qwen3ForCausalLM(cfg).to("cuda", torch.bfloat16)
+
+
+def _batch():
+    gen = torch.Generator().manual_seed(1)
+    p_lens = torch.randint(4, P + 1, (B,), generator=gen)
+    r_lens = torch.randint(1, R + 1, (B,), generator=gen)
+    prompt_mask = torch.arange(P)[None] >= (P - p_lens)[:, None]
+    response_mask = torch.arange(R)[None] < r_lens[:, None]
+    mask = torch.cat([prompt_mask, response_mask], 1).long()
+    ids = torch.randint(3, VOCAB, (B, P + R), generator=gen) * mask
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    return {k: v.cuda() for k, v in dict(ids=ids, mask=mask, pos=pos, response_mask=response_mask.long()).items()}
+
+
+def _padded_log_probs(model, b):
+    logits = model(input_ids=b["ids"], attention_mask=b["mask"], position_ids=b["pos"], use_cache=False,
+                   logits_to_keep=R + 1).logits[:, :-1]
+    return token_log_probs(logits, b["ids"][:, P:])[0] * b["response_mask"]
+
+
+def _packed_log_probs(model, b, *, causal_over_row=False):
+    packed = pack(b["ids"], b["mask"], b["pos"], one_row=True)
+    slots = packed.response_slots(b["response_mask"])
+    pos = packed.position_ids
+    if causal_over_row:  # one sample per row: what attending across the packed samples gives
+        pos = torch.arange(pos.shape[1], device=pos.device)[None]
+    logits = model(input_ids=packed.input_ids, position_ids=pos, use_cache=False,
+                   logits_to_keep=slots.columns).logits
+    return slots.scatter(token_log_probs(logits, packed.next_token[:, slots.columns])[0])
+
+
+def _grads(model) -> torch.Tensor:
+    return torch.cat([p.grad.float().reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def test_varlen_packed_log_probs_and_gradients_match_the_padded_batch_in_bf16():
+    padded_model = _model()
+    packed_model = copy.deepcopy(padded_model)
+    varlen.enable(packed_model)
+    b = _batch()
+    padded = _padded_log_probs(padded_model, b)
+    packed = _packed_log_probs(packed_model, b)
+    padded.sum().backward()
+    packed.sum().backward()
+    diff = (packed - padded).abs().max().item()
+    g_pad, g_pack = _grads(padded_model), _grads(packed_model)
+    rel = ((g_pack - g_pad).norm() / g_pad.norm()).item()
+    print(f"max |log-prob diff| {diff:.4g}, relative gradient difference {rel:.4g}")
+    assert diff < 0.05 and rel < 0.05
+    with torch.no_grad():
+        wrong = (_packed_log_probs(packed_model, b, causal_over_row=True) - padded).abs().max().item()
+    print(f"attending across samples: max |log-prob diff| {wrong:.4g}")
+    assert wrong > 0.5
+
+
+def test_varlen_attention_equals_sdpa_with_the_block_causal_mask():
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    lengths = [5, 17, 1, 30, 11]
+    pos = torch.cat([torch.arange(n) for n in lengths])[None].cuda()
+    length, heads, kv_heads, dim = pos.shape[1], 8, 2, 64
+    q = torch.randn(1, heads, length, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, kv_heads, length, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(1, kv_heads, length, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    out, _ = varlen.attention(None, q, k, v, None, scaling=dim ** -0.5, position_ids=pos)
+    block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).cuda()
+    mask = (block[:, None] == block[None, :]) & torch.ones(length, length, dtype=torch.bool, device="cuda").tril()
+    rep = heads // kv_heads
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1), attn_mask=mask)
+    plain = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(rep, 1), v.float().repeat_interleave(rep, 1), is_causal=True)
+    err = (out.float() - ref.transpose(1, 2)).abs().max().item()
+    across = (out.float() - plain.transpose(1, 2)).abs().max().item()
+    print(f"varlen vs block-causal SDPA: {err:.4g}; vs plain causal: {across:.4g}")
+    assert err < 2e-2 and across > 0.1

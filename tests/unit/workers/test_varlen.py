@@ -1,0 +1,84 @@
+"""The varlen attention path's sample boundaries: one sample per run of positions growing by
+one, every row starting one, so that FlashAttention over them is the block-causal attention
+of the packed rows (the CUDA comparison is in tests/gpu_e2e/test_varlen_gpu.py)."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from repro.workers import varlen
+
+
+@settings(max_examples=50, deadline=None)
+@given(rows=st.lists(st.lists(st.integers(1, 6), min_size=1, max_size=5), min_size=1, max_size=4),
+       tail=st.integers(0, 3))
+def test_cu_seqlens_delimit_the_packed_samples_and_row_tails(rows, tail):
+    width = max(sum(r) for r in rows) + tail
+    pos = torch.zeros(len(rows), width, dtype=torch.long)
+    expected = []
+    for r, lengths in enumerate(rows):
+        col = 0
+        for n in lengths:
+            pos[r, col:col + n] = torch.arange(n)
+            expected.append(n)
+            col += n
+        expected += [1] * (width - col)  # tail pads at position 0: one-token samples
+    cu, longest = varlen.cu_seqlens(pos)
+    assert cu.dtype == torch.int32
+    assert (cu[1:] - cu[:-1]).tolist() == expected
+    assert cu[0] == 0 and cu[-1] == pos.numel() and longest == max(expected)
+
+
+def test_varlen_is_not_used_on_cpu_or_in_fp32():
+    assert not varlen.supported(torch.bfloat16)  # the unit tests run with DS_ACCELERATOR=cpu
+    assert not varlen.supported(torch.float32)
+
+
+def _reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False,
+                           scale=None):
+    """torch's varlen_attn contract (``[T, H, D]``, causal per ``cu_seqlens`` segment) in plain SDPA,
+    standing in for the CUDA-only kernel so that the plumbing around it runs on CPU."""
+    assert window_size == (-1, 0) and enable_gqa and max_q == max_k == int((cu_q[1:] - cu_q[:-1]).max())
+    out = torch.empty_like(q)
+    rep = q.shape[1] // k.shape[1]
+    for s, e in zip(cu_q[:-1].tolist(), cu_q[1:].tolist(), strict=True):
+        out[s:e] = torch.nn.functional.scaled_dot_product_attention(
+            q[s:e].transpose(0, 1), k[s:e].transpose(0, 1).repeat_interleave(rep, 0),
+            v[s:e].transpose(0, 1).repeat_interleave(rep, 0), is_causal=True, scale=scale).transpose(0, 1)
+    return out
+
+
+def test_packed_one_row_forward_through_the_varlen_function_equals_the_padded_batch(monkeypatch):
+    import copy
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from repro.workers.logprob import token_log_probs
+    from repro.workers.packing import pack
+
+    monkeypatch.setattr(varlen, "_varlen_attn", lambda: _reference_varlen_attn)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, initializer_range=0.2,
+                      attn_implementation="sdpa")
+    padded_model = Qwen3ForCausalLM(cfg).double()
+    packed_model = copy.deepcopy(padded_model)
+    varlen.enable(packed_model)
+    gen = torch.Generator().manual_seed(3)
+    b, p, r = 5, 9, 11
+    p_lens, r_lens = torch.randint(1, p + 1, (b,), generator=gen), torch.randint(0, r + 1, (b,), generator=gen)
+    mask = torch.cat([torch.arange(p)[None] >= (p - p_lens)[:, None], torch.arange(r)[None] < r_lens[:, None]], 1)
+    ids = torch.randint(3, 128, (b, p + r), generator=gen) * mask
+    pos = (mask.long().cumsum(1) - 1).clamp(min=0)
+    response_mask = mask[:, p:].long()
+    logits = padded_model(input_ids=ids, attention_mask=mask.long(), position_ids=pos,
+                          logits_to_keep=r + 1).logits[:, :-1]
+    padded = token_log_probs(logits, ids[:, p:])[0] * response_mask
+    packed = pack(ids, mask.long(), pos, one_row=True)
+    slots = packed.response_slots(response_mask)
+    logits = packed_model(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                          logits_to_keep=slots.columns).logits
+    got = slots.scatter(token_log_probs(logits, packed.next_token[:, slots.columns])[0])
+    assert (got - padded).abs().max().item() < 1e-10
