@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from repro.config.fields import MODEL_DTYPES, OFFLOAD_CHOICES, ZERO_STAGES
+from repro.zero3_defaults import DEEPSPEED_REDUCE_BUCKET_SIZE, SIZE_KEYS, ModelSize, Zero3Size, zero3_sizes
 
 if TYPE_CHECKING:
     from repro.batching import RoleBatchPlan
@@ -141,6 +142,13 @@ def build_scheduler(optim: OptimConfig) -> dict[str, Any] | None:
     return {"type": "WarmupCosineLR", "params": params}
 
 
+def role_zero3_sizes(ds: DeepSpeedConfig, model_size: ModelSize | None) -> dict[str, Zero3Size] | None:
+    """The ZeRO-3 bucket, prefetch and persistence sizes of a role, with their reasons (None below ZeRO-3)."""
+    if ds.zero_stage != 3:
+        return None
+    return zero3_sizes({key: getattr(ds, key) for key in SIZE_KEYS}, model_size, ds.zero3_size_aware)
+
+
 def build_ds_config(
     ds: DeepSpeedConfig,
     optim: OptimConfig,
@@ -149,19 +157,24 @@ def build_ds_config(
     grad_clip: float,
     on_cuda: bool,
     trainable: bool = True,
+    model_size: ModelSize | None = None,
 ) -> dict[str, Any]:
     """The DeepSpeed JSON of one role.
 
     ``trainable=False`` (the frozen reference policy) leaves out optimizer, scheduler and
     optimizer offload; ZeRO-3 then only shards (and optionally offloads) the parameters.
+    ``model_size`` sizes ZeRO-3's buckets (:func:`role_zero3_sizes`); without it they are DeepSpeed's.
     """
     dtype = resolve_model_dtype(ds.model_dtype, on_cuda)
     offload = resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir)
     zero: dict[str, Any] = {
         "stage": ds.zero_stage,
-        "reduce_bucket_size": int(ds.reduce_bucket_size),
+        "reduce_bucket_size": int(ds.reduce_bucket_size or DEEPSPEED_REDUCE_BUCKET_SIZE),
         "contiguous_gradients": True,
     }
+    sizes = role_zero3_sizes(ds, model_size)
+    if sizes is not None:
+        zero.update({key: size.value for key, size in sizes.items()})
     if ds.zero_stage < 3:
         zero["allgather_bucket_size"] = int(ds.allgather_bucket_size)
     pin = bool(on_cuda)

@@ -64,6 +64,16 @@ def role_batch_plan(cfg: RunConfig, role: str) -> RoleBatchPlan:
     return plan_role_batch(cfg, "critic" if role == "critic" else "actor")
 
 
+def role_model_size(cfg: RunConfig, role: str, ds: DeepSpeedConfig) -> Any:
+    """The model size a ZeRO-3 role's engine sizes its buckets from (None below ZeRO-3 or unknown)."""
+    from repro.zero3_defaults import model_size_for_path
+
+    if ds.zero_stage != 3:
+        return None
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    return model_size_for_path(model.path)
+
+
 def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any] | None:
     """The DeepSpeed JSON of ``role`` ("actor", "critic", "ref"), None when the role is not used."""
     from repro.ds_config import build_ds_config
@@ -72,14 +82,17 @@ def role_ds_config(cfg: RunConfig, role: str, *, on_cuda: bool) -> dict[str, Any
         return None
     plan = role_batch_plan(cfg, role)
     ds = role_deepspeed_section(cfg, role)
+    size = role_model_size(cfg, role, ds)
     if role == "critic":
-        return build_ds_config(ds, cfg.critic.optim, plan, grad_clip=cfg.critic.grad_clip, on_cuda=on_cuda)
+        return build_ds_config(ds, cfg.critic.optim, plan, grad_clip=cfg.critic.grad_clip, on_cuda=on_cuda,
+                               model_size=size)
     actor = cfg.actor_rollout_ref.actor
     if role == "actor":
-        return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda)
+        return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, model_size=size)
     # Frozen: build_ds_config leaves out optimizer and scheduler; the clip value is the actor's, as the
     # reference worker passes it.
-    return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, trainable=False)
+    return build_ds_config(ds, actor.optim, plan, grad_clip=actor.grad_clip, on_cuda=on_cuda, trainable=False,
+                           model_size=size)
 
 
 def _zero3_leaves(cfg: RunConfig, role: str, ds: Any) -> list[str] | None:
@@ -94,7 +107,7 @@ def _zero3_leaves(cfg: RunConfig, role: str, ds: Any) -> list[str] | None:
 
 def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, Any]:
     """Everything a run would use, as JSON-ready data (``warnings`` holds the plan's own notes)."""
-    from repro.ds_config import resolve_offload
+    from repro.ds_config import resolve_offload, role_zero3_sizes
 
     on_cuda = resolve_on_cuda(cfg) if on_cuda is None else on_cuda
     out: dict[str, Any] = {"device": "cuda" if on_cuda else "cpu", "batch": {}, "warnings": []}
@@ -119,6 +132,9 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOB_FIELDS.items()},
             "zero3_leaf_modules": _zero3_leaves(cfg, role, ds),
         }
+        sizes = role_zero3_sizes(ds, role_model_size(cfg, role, ds))
+        if sizes is not None:
+            out[role]["zero3_sizes"] = {key: dataclasses.asdict(size) for key, size in sizes.items()}
         if role != "ref":
             out["batch"][role] = dataclasses.asdict(role_batch_plan(cfg, role))
     actor_ds = role_deepspeed_section(cfg, "actor")
@@ -149,6 +165,9 @@ def plan_summary(plan: dict[str, Any]) -> list[str]:
         )
         if section.get("zero3_leaf_modules"):
             text += f", ZeRO-3 leaf modules {','.join(section['zero3_leaf_modules'])}"
+        if section.get("zero3_sizes"):
+            text += ", ZeRO-3 sizes " + " ".join(f"{key}={size['value']} ({size['source']})"
+                                                for key, size in section["zero3_sizes"].items())
         batch = plan["batch"].get(role)
         if batch:
             text += (

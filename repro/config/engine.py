@@ -77,8 +77,14 @@ class DeepSpeedConfig:
     """Accumulate gradients in fp32 (DeepSpeed ``data_types.grad_accum_dtype``); None reads VERL_DS_ZERO2_FP32_ACCUM_PATCH."""
     step_each_micro: bool | None = None
     """Call ``engine.step()`` after every micro-batch; None reads VERL_DS_ZERO2_STEP_EACH_MICRO."""
-    reduce_bucket_size: int = 500_000_000
-    """DeepSpeed reduce bucket size (elements)."""
+    reduce_bucket_size: int | None = None
+    """DeepSpeed reduce bucket size (elements); None: 5e8 (DeepSpeed's) at ZeRO-1/2, size-aware at ZeRO-3."""
+    stage3_prefetch_bucket_size: int | None = None
+    """ZeRO-3 elements fetched ahead; None: size-aware (``repro.zero3_defaults``)."""
+    stage3_param_persistence_threshold: int | None = None
+    """ZeRO-3: parameters below this many elements stay whole on every rank; None: size-aware."""
+    zero3_size_aware: bool = True
+    """ZeRO-3: fill the unset sizes above from the model's hidden size (``repro.zero3_defaults``); False: DeepSpeed's."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
     torch_adam: bool | None = None
@@ -90,6 +96,12 @@ class DeepSpeedConfig:
         _choice(self, "zero_stage", ZERO_STAGES)
         _choice(self, "offload", OFFLOAD_CHOICES)
         _choice(self, "model_dtype", MODEL_DTYPES)
+        # DeepSpeed's own bounds: a reduce bucket > 0; prefetch 0 turns prefetching off.
+        for name, low in (("reduce_bucket_size", 1), ("stage3_prefetch_bucket_size", 0),
+                          ("stage3_param_persistence_threshold", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                _fail(self, name, f"must be an integer >= {low} (or null: size-aware)")
 
 
 CHECKPOINT_REQUIRED = ("model", "optimizer", "extra")

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from repro.batch import Batch
 from repro.devices import default_device, nvml_used_gb, on_cpu
 from repro.ds_config import build_ds_config, resolve_model_dtype
+from repro.zero3_defaults import model_size_of
 
 if TYPE_CHECKING:
     from repro.batching import RoleBatchPlan
@@ -163,9 +164,11 @@ class RoleEngine:
         self.step_each_micro = bool(ds.step_each_micro)
         from repro.config import OptimConfig as _Optim
 
+        # ZeRO-3 sizes its buckets from the model's width (repro.zero3_defaults); the plan reads the same.
         self.ds_config = merge_config(
             build_ds_config(ds, optim or _Optim(), plan, grad_clip=grad_clip, on_cuda=not on_cpu(),
-                            trainable=self.trainable),
+                            trainable=self.trainable,
+                            model_size=model_size_of(module) if ds.zero_stage == 3 else None),
             ds_overrides,
         )
         self.device = default_device()
