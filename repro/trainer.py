@@ -155,6 +155,11 @@ class PPOTrainer:
                 self._sync_weights(step)
             with timer("gen", timings):
                 batch = self._rollout(items, self.n, step, "train")
+                if cfg.algorithm.adv_estimator == "remax":
+                    # ReMax's baseline: one greedy response per prompt, scored like the samples; verl
+                    # 0.9.1 generates and scores it in the same "gen" section.
+                    greedy = self._rollout(items, 1, step, "remax_baseline", do_sample=False)
+                    batch["reward_baselines"] = self._score(items, greedy, 1).repeat_interleave(self.n)
             with timer("reward", timings):
                 scores = self._score(items, batch, self.n)
                 batch["token_level_scores"] = token_level_scores(scores, batch["response_mask"])
@@ -204,7 +209,8 @@ class PPOTrainer:
         batch["token_level_rewards"] = rewards
         adv, ret = compute_advantage(algo.adv_estimator, rewards, mask, torch.arange(rewards.shape[0]) // self.n,
                                      values=batch.get("values"), gamma=algo.gamma, lam=algo.lam,
-                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                                     reward_baselines=batch.get("reward_baselines"))
         batch["advantages"], batch["returns"] = adv, ret
         return out
 
