@@ -1,6 +1,7 @@
 """verl's algorithm set end to end: every outcome advantage estimator, policy loss, new loss mode
 and a straight-through KL kind, selected by verl's config keys, in real 2-step jobs (2 CPU ranks
-through Ray, ZeRO-2, the hf rollout). Six runs cover them all, paired up to keep CI short. Their
+through Ray, ZeRO-2, the hf rollout). Seven runs cover them all, paired up to keep CI short
+(``remax`` alone: its greedy baseline rollout is the part under test). Their
 math is checked against verl itself in ``tests/verl_parity``; these prove the keys reach the
 trainer and the workers and the runs train (finite losses, varied advantages)."""
 
@@ -25,6 +26,7 @@ CASES = {
     "passk-kl_cov": ["algorithm.adv_estimator=grpo_passk", f"{ACTOR}.policy_loss.loss_mode=kl_cov",
                      f"{ACTOR}.policy_loss.kl_cov_ratio=0.2", "algorithm.use_kl_in_reward=true",
                      "algorithm.kl_penalty=k1+", "algorithm.kl_ctrl.type=adaptive"],
+    "remax": ["algorithm.adv_estimator=remax"],
 }
 
 
@@ -42,6 +44,10 @@ def test_verl_algorithm_runs_end_to_end(case, tmp_path):
         required.append("actor/reward_kl_penalty_coeff")
     rows = _check_outputs(out, 2, tuple(required))
     assert any(r["critic/advantages/max"] != r["critic/advantages/min"] for r in rows)
+    if case == "remax":
+        # Scores are >= 0, so a negative advantage is a sample scored below its prompt's greedy
+        # response: the baseline rollout reached the advantages.
+        assert min(r["critic/advantages/min"] for r in rows) < 0
     saved = (out / "config.yaml").read_text()
     for override in overrides:
         key, value = override.rsplit("=", 1)
