@@ -64,6 +64,7 @@ from repro.run_setup import (
     write_config_yaml,
     write_run_state,
 )
+from repro.validation_metrics import validation_metrics
 from repro.worker_errors import WorkerError
 from repro.workers.hybrid import HybridWorker
 
@@ -224,9 +225,8 @@ class PPOTrainer:
         scores = self._score(items, batch, vk.n)
         out = {"val/score/mean": scores.mean().item()}
         sources = [it["data_source"] for it in items for _ in range(vk.n)]
-        for src in sorted(set(sources)):
-            sel = torch.tensor([s == src for s in sources])
-            out[f"val-core/{src}/reward/mean@{vk.n}"] = scores[sel].mean().item()
+        prompts = [i for i in range(len(items)) for _ in range(vk.n)]
+        out.update(validation_metrics(sources, prompts, {"reward": scores.tolist()}))
         out.update(masked_stats("val/response_length", batch["response_mask"].sum(dim=1).float()))
         return out
 
