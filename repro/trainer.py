@@ -169,7 +169,9 @@ class PPOTrainer:
                 outs = self._fan("compute_log_prob", batch, _FORWARD_KEYS)
                 batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
                 if all("entropy" in o for o in outs):
-                    row["actor/entropy"] = algorithms.masked_mean(torch.cat([o["entropy"] for o in outs]), mask).item()
+                    # Aggregated as the actor's loss is (verl): per token only with token-mean.
+                    row["actor/entropy"] = algorithms.agg_loss(torch.cat([o["entropy"] for o in outs]), mask,
+                                                               cfg.actor_rollout_ref.actor.loss_agg_mode).item()
             if self.use_ref:
                 with timer("ref", timings):
                     outs = self._fan("compute_ref_log_prob", batch, _FORWARD_KEYS)
