@@ -11,6 +11,8 @@ with verl 0.9.1's semantics (checked against it in ``tests/verl_parity``):
 - ``gpg``: score minus the group mean, scaled by ``B / (number of non-zero scores)``.
 - ``grpo_passk``: only each group's best response gets ``r_max - r_second``, over the group std
   when ``norm_adv_by_std_in_grpo``; needs at least 2 samples per group.
+- ``remax``: the return-to-go of each token minus the score of the prompt's greedy response
+  (``reward_baselines``, one per sample; the trainer generates it with ``do_sample=False``).
 
 ``compute_advantage`` dispatches every estimator, ``gae`` and ``grpo`` included.
 """
@@ -127,11 +129,31 @@ def compute_grpo_passk_outcome_advantage(token_level_rewards: torch.Tensor, resp
     return _outcome(out, response_mask)
 
 
+def compute_remax_outcome_advantage(token_level_rewards: torch.Tensor, reward_baselines: torch.Tensor,
+                                    response_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (arXiv:2310.10505): undiscounted return-to-go minus the greedy response's score.
+
+    Returns are not whitened: the greedy baseline already centres them, which is ReMax's point.
+    """
+    mask = response_mask.to(token_level_rewards.dtype)
+    masked = torch.where(response_mask.bool(), token_level_rewards, 0.0)
+    returns = masked.flip(-1).cumsum(-1).flip(-1)
+    return returns - reward_baselines.to(returns.dtype).unsqueeze(-1) * mask, returns
+
+
 def compute_advantage(name: str, token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                       index: Sequence | torch.Tensor, *, values: torch.Tensor | None = None, gamma: float = 1.0,
-                      lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantages, returns)`` of estimator ``name`` (verl's ``algorithm.adv_estimator``)."""
+                      lam: float = 1.0, norm_adv_by_std_in_grpo: bool = True,
+                      reward_baselines: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)`` of estimator ``name`` (verl's ``algorithm.adv_estimator``).
+
+    ``reward_baselines`` (``[B]``) is ``remax``'s greedy-response score of each sample's prompt.
+    """
     r, m = token_level_rewards, response_mask
+    if name == "remax":
+        if reward_baselines is None:
+            raise ValueError("algorithm.adv_estimator=remax needs reward_baselines (the greedy responses' scores)")
+        return compute_remax_outcome_advantage(r, reward_baselines, m)
     if name == "gae":
         if values is None:
             raise ValueError("algorithm.adv_estimator=gae needs the critic's values")

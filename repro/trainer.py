@@ -62,6 +62,7 @@ from repro.run_setup import (
     write_config_yaml,
     write_run_state,
 )
+from repro.validation_metrics import validation_metrics
 from repro.worker_errors import WorkerError
 from repro.workers.hybrid import HybridWorker
 
@@ -149,6 +150,11 @@ class PPOTrainer:
                 self._sync_weights(step)
             with timer("gen", timings):
                 batch = self._rollout(items, self.n, step, "train")
+                if cfg.algorithm.adv_estimator == "remax":
+                    # ReMax's baseline: one greedy response per prompt, scored like the samples; verl
+                    # 0.9.1 generates and scores it in the same "gen" section.
+                    greedy = self._rollout(items, 1, step, "remax_baseline", do_sample=False)
+                    batch["reward_baselines"] = self._score(items, greedy, 1).repeat_interleave(self.n)
             with timer("reward", timings):
                 scores = self._score(items, batch, self.n)
                 batch["token_level_scores"] = token_level_scores(scores, batch["response_mask"])
@@ -157,7 +163,9 @@ class PPOTrainer:
                 outs = self._fan("compute_log_prob", batch, _FORWARD_KEYS)
                 batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
                 if all("entropy" in o for o in outs):
-                    row["actor/entropy"] = algorithms.masked_mean(torch.cat([o["entropy"] for o in outs]), mask).item()
+                    # Aggregated as the actor's loss is (verl): per token only with token-mean.
+                    row["actor/entropy"] = algorithms.agg_loss(torch.cat([o["entropy"] for o in outs]), mask,
+                                                               cfg.actor_rollout_ref.actor.loss_agg_mode).item()
             if self.use_ref:
                 with timer("ref", timings):
                     outs = self._fan("compute_ref_log_prob", batch, _FORWARD_KEYS)
@@ -198,7 +206,8 @@ class PPOTrainer:
         batch["token_level_rewards"] = rewards
         adv, ret = compute_advantage(algo.adv_estimator, rewards, mask, torch.arange(rewards.shape[0]) // self.n,
                                      values=batch.get("values"), gamma=algo.gamma, lam=algo.lam,
-                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+                                     norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                                     reward_baselines=batch.get("reward_baselines"))
         batch["advantages"], batch["returns"] = adv, ret
         return out
 
@@ -212,9 +221,8 @@ class PPOTrainer:
         scores = self._score(items, batch, vk.n)
         out = {"val/score/mean": scores.mean().item()}
         sources = [it["data_source"] for it in items for _ in range(vk.n)]
-        for src in sorted(set(sources)):
-            sel = torch.tensor([s == src for s in sources])
-            out[f"val-core/{src}/reward/mean@{vk.n}"] = scores[sel].mean().item()
+        prompts = [i for i in range(len(items)) for _ in range(vk.n)]
+        out.update(validation_metrics(sources, prompts, {"reward": scores.tolist()}))
         out.update(masked_stats("val/response_length", batch["response_mask"].sum(dim=1).float()))
         return out
 

@@ -20,7 +20,7 @@ MODEL_DTYPES = ("auto", "bfloat16", "float32")
 # The valid names of each algorithm choice live here, at the bottom of the import order, and the
 # modules that implement them (repro.algorithms, advantages, policy_losses) import them.
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
-                  "grpo_passk")
+                  "grpo_passk", "remax")
 
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "token-sum", "seq-mean-token-sum-norm")

@@ -40,7 +40,8 @@ class AlgorithmConfig:
     """GAE lambda."""
     adv_estimator: str = "gae"
     """gae (PPO with a critic), grpo (group-normalised outcome rewards) or another of verl's outcome
-    estimators: rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk."""
+    estimators: rloo, reinforce_plus_plus, reinforce_plus_plus_baseline, opo, gpg, grpo_passk, remax
+    (which also generates one greedy response per prompt as its baseline)."""
     norm_adv_by_std_in_grpo: bool = True
     """Divide GRPO advantages by the group's standard deviation."""
     use_kl_in_reward: bool = False

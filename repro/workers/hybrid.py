@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -65,6 +66,7 @@ class HybridWorker:
             self.critic = CriticWorker(cfg)
         self.rollout = make_rollout(cfg)
         self._nvml_peak = 0.0
+        self._infer_mfu: float | None = None
 
     # ---- rollout ---------------------------------------------------------------------------
     def sync_weights(self, version: int) -> int:
@@ -79,7 +81,11 @@ class HybridWorker:
 
     # ---- actor / reference / critic ----------------------------------------------------------
     def compute_log_prob(self, batch: Batch) -> Batch:
-        return self.actor.compute_log_prob(batch, calculate_entropy=True)
+        start = time.perf_counter()
+        out = self.actor.compute_log_prob(batch, calculate_entropy=True)
+        # Reported with the step's actor update (verl's perf/mfu/actor_infer): the log-prob output is tensors only.
+        self._infer_mfu = self._mfu(self.actor.engine, batch, time.perf_counter() - start, forward_only=True)
+        return out
 
     def compute_ref_log_prob(self, batch: Batch) -> Batch:
         if self.ref_in_actor:
@@ -94,7 +100,12 @@ class HybridWorker:
     def update_actor(self, batch: Batch) -> dict[str, float]:
         from repro.workers.placement import placement_metrics
 
+        start = time.perf_counter()
         metrics = self.actor.update_policy(batch)
+        metrics["perf/mfu/actor"] = self._mfu(self.actor.engine, batch, time.perf_counter() - start,
+                                              self.cfg.actor_rollout_ref.actor.ppo_epochs)
+        if self._infer_mfu is not None:
+            metrics["perf/mfu/actor_infer"] = self._infer_mfu
         self._sample_nvml()
         # Read from the engine each step (a few attribute reads) so every metrics row carries it.
         metrics.update(placement_metrics(self.actor.engine.engine))
@@ -102,9 +113,20 @@ class HybridWorker:
 
     def update_critic(self, batch: Batch) -> dict[str, float]:
         assert self.critic is not None, "critic update requested but the critic is disabled"
+        start = time.perf_counter()
         metrics = self.critic.update_critic(batch)
+        metrics["perf/mfu/critic"] = self._mfu(self.critic.engine, batch, time.perf_counter() - start,
+                                               self.cfg.critic.ppo_epochs)
         self._sample_nvml()
         return self._with_memory(metrics)
+
+    def _mfu(self, engine: Any, batch: Batch, seconds: float, epochs: int = 1, forward_only: bool = False) -> float:
+        """This rank's MFU over ``batch`` (``repro.mfu``); the driver averages the ranks."""
+        from repro.mfu import device_name, mfu
+
+        seqlens = batch["attention_mask"].sum(dim=-1).tolist() * epochs
+        return mfu(getattr(engine.module, "config", None), seqlens, seconds, device_name(engine.device),
+                   forward_only=forward_only)
 
     def _sample_nvml(self) -> None:
         used = nvml_used_gb()

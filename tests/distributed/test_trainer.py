@@ -102,7 +102,7 @@ def test_ppo_run_trains_actor_and_critic(tmp_path):
                       "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
                       "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path)
     _check_outputs(out, 2, ("actor/pg_loss", "critic/vf_loss", "critic/values/mean", "critic/returns/mean",
-                            "critic/grad_norm", "timing_s/values", "timing_s/update_critic"))
+                            "critic/grad_norm", "timing_s/values", "timing_s/update_critic", "perf/mfu/critic"))
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, marker: Path, step: int, timeout: float) -> None:

@@ -1,13 +1,16 @@
 """repro.advantages against verl 0.9.1's registered advantage estimators (``get_adv_estimator_fn``).
 
 Each estimator by its verl config name, on groups of every size (one sample included) and empty
-responses; equal within 1e-6 on the response tokens (both zero the rest).
+responses; equal within 1e-6 on the response tokens (both zero the rest). ``remax`` also gets its
+greedy baseline, one score per prompt (some equal to a sample's score) repeated over the prompt's
+samples, as verl's trainer passes ``reward_baselines``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 from verl.trainer.config import AlgoConfig
@@ -32,11 +35,15 @@ def test_outcome_estimator_matches_verl(name, data, batch, norm, gamma, sparse):
         rewards = rewards.round()
     if name in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         assume(batch.mask.sum() >= 2)  # both whiten over the response tokens
-    ours = compute_advantage(name, rewards, batch.mask, index, gamma=gamma, norm_adv_by_std_in_grpo=norm)
+    extra = {}
+    if name == "remax":  # verl passes reward_baselines only when the batch has them (grpo takes no **kwargs)
+        greedy = data.draw(st.lists(st.sampled_from([0.0, 1.0, -0.5, 2.25]), min_size=4, max_size=4))
+        extra["reward_baselines"] = torch.tensor([greedy[i] for i in index])
+    ours = compute_advantage(name, rewards, batch.mask, index, gamma=gamma, norm_adv_by_std_in_grpo=norm, **extra)
     fn = core_algos.get_adv_estimator_fn(name)
     config = AlgoConfig(gamma=gamma, norm_adv_by_std_in_grpo=norm)
     theirs = fn(token_level_rewards=rewards.clone(), response_mask=batch.mask, index=np.array(index),
-                norm_adv_by_std_in_grpo=norm, config=config)
+                norm_adv_by_std_in_grpo=norm, config=config, **extra)
     keep = batch.mask.bool()
     close(ours[0][keep], theirs[0][keep])
     close(ours[1][keep], theirs[1][keep])
