@@ -1,9 +1,11 @@
-"""Fixtures for multi-rank tests: the `multirank` runner, the warm `rank_pool` and the `distributed` marker."""
+"""Fixtures for multi-rank tests: the `multirank` runner, the warm `rank_pool`, the shared `ray_head`
+and the `distributed` marker."""
 
 from __future__ import annotations
 
+import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -71,3 +73,24 @@ def pooled(rank_pool: RankPool, tmp_path: pathlib.Path) -> Callable[..., list]:
                              deepspeed=deepspeed)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def ray_head() -> Iterator[str]:
+    """The address of one local Ray head per pytest(-xdist) worker, for end-to-end jobs to join
+    (``RAY_ADDRESS``) instead of each starting and stopping a cluster of its own (about 5 s and a
+    dozen daemon and pre-started worker processes per job on 2 cores). Jobs that test what
+    happens to a job's own Ray processes (kill -9, Ctrl-C, a lost rank) keep starting their own."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    with pytest.MonkeyPatch.context() as mp:
+        # Not in /tmp/ray/ray_current_cluster: no other ray.init() on the machine may join it by accident.
+        mp.setattr(ray._private.utils, "write_ray_address", lambda *a, **k: None)
+        mp.delenv("RAY_ADDRESS", raising=False)
+        head = Cluster(initialize_head=True, head_node_args={"num_cpus": os.cpu_count() or 1,
+                                                            "object_store_memory": 256 * 1024**2})
+        try:
+            yield head.address
+        finally:
+            head.shutdown()

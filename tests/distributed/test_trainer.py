@@ -45,16 +45,20 @@ def _command(preset: str, overrides: list[str]) -> list[str]:
     return [sys.executable, "-c", RUNNER, preset, *SMALL, *overrides]
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
+def _env(tmp_path: Path, ray_address: str | None = None) -> dict[str, str]:
+    """The job's environment; with ``ray_address`` (the ``ray_head`` fixture) it joins that cluster."""
     env = dict(os.environ)
     env["REPRO_OUTPUTS_DIR"] = str(tmp_path / "outputs")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     return env
 
 
-def _run(preset: str, overrides: list[str], tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.run(_command(preset, overrides), cwd=ROOT, env=_env(tmp_path), capture_output=True,
-                          text=True, timeout=timeout)
+def _run(preset: str, overrides: list[str], tmp_path: Path, timeout: float = 240,
+         ray_address: str | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run(_command(preset, overrides), cwd=ROOT, env=_env(tmp_path, ray_address),
+                          capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
@@ -80,11 +84,11 @@ def _check_outputs(run_dir: Path, steps: int, required: tuple[str, ...]) -> list
     return rows
 
 
-def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path):
+def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
     out = tmp_path / "grpo"
     # Two steps: a metrics row per step, validation before training and at the last step.
     _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
-                       f"trainer.output_dir={out}"], tmp_path)
+                       f"trainer.output_dir={out}"], tmp_path, ray_address=ray_head)
     rows = _check_outputs(out, 2, ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
                                    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
                                    "perf/max_memory_reserved_gb"))
@@ -96,11 +100,12 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path):
     assert "finished 2 step(s)" in (out / "train.log").read_text()
 
 
-def test_ppo_run_trains_actor_and_critic(tmp_path):
+def test_ppo_run_trains_actor_and_critic(tmp_path, ray_head):
     out = tmp_path / "ppo"
     _run("ppo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
                       "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
-                      "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path)
+                      "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path,
+         ray_address=ray_head)
     _check_outputs(out, 2, ("actor/pg_loss", "critic/vf_loss", "critic/values/mean", "critic/returns/mean",
                             "critic/grad_norm", "timing_s/values", "timing_s/update_critic", "perf/mfu/critic"))
 

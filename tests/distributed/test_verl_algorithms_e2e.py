@@ -3,13 +3,23 @@ and a straight-through KL kind, selected by verl's config keys, in real 2-step j
 through Ray, ZeRO-2, the hf rollout). Seven runs cover them all, paired up to keep CI short
 (``remax`` alone: its greedy baseline rollout is the part under test). Their
 math is checked against verl itself in ``tests/verl_parity``; these prove the keys reach the
-trainer and the workers and the runs train (finite losses, varied advantages)."""
+trainer and the workers and the runs train (finite losses, varied advantages).
+
+The seven jobs run one after the other in one driver process that joins the worker's shared Ray
+head (``ray_head``): start-up (imports, ``ray.init``) is paid once, not seven times; each job still
+builds its own config, worker group, engines and run folder. The tests share an xdist group, so
+one worker runs the driver for all of them."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from tests.distributed.test_trainer import _check_outputs, _run
+from tests.distributed.test_trainer import ROOT, SMALL, _check_outputs, _env
 
 ACTOR = "actor_rollout_ref.actor"
 CASES = {
@@ -33,13 +43,47 @@ CASES = {
 }
 
 
+COMMON = ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
+          "trainer.val_before_train=false"]
+# Each job as the CLI builds it (load_config of the preset plus overrides); a failed job is
+# recorded with its traceback and the next one still runs.
+RUNNER = (
+    "import json, sys, traceback\n"
+    "from repro.config_loader import load_config\n"
+    "from repro.presets import preset_overrides\n"
+    "from repro.trainer import run\n"
+    "for status, overrides in json.loads(sys.argv[1]):\n"
+    "    try:\n"
+    "        run(load_config(preset_overrides('grpo_tiny') + overrides))\n"
+    "        result = 'ok'\n"
+    "    except BaseException:\n"
+    "        result = traceback.format_exc()\n"
+    "    open(status, 'w').write(result)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def runs(request, tmp_path_factory, ray_head) -> Path:
+    """The selected cases' jobs, run once in one driver; the folder holding ``<case>/`` and ``<case>.status``."""
+    root = tmp_path_factory.mktemp("verl_algorithms")
+    selected = [item.callspec.params["case"] for item in request.session.items
+                if getattr(item, "originalname", None) == "test_verl_algorithm_runs_end_to_end"]
+    jobs = [(str(root / f"{case}.status"), [*SMALL, *COMMON, *CASES[case], f"trainer.output_dir={root / case}"])
+            for case in selected]
+    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs)], cwd=ROOT, env=_env(root, ray_head),
+                          capture_output=True, text=True, timeout=180 * len(jobs))
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    return root
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("verl_algorithms_e2e")
 @pytest.mark.parametrize("case", list(CASES))
-def test_verl_algorithm_runs_end_to_end(case, tmp_path):
-    out = tmp_path / case
+def test_verl_algorithm_runs_end_to_end(case, runs):
+    out = runs / case
     overrides = CASES[case]
-    _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
-                       "trainer.val_before_train=false", f"trainer.output_dir={out}", *overrides], tmp_path, timeout=480)
+    status = (runs / f"{case}.status").read_text()
+    assert status == "ok", f"{case} failed:\n{status[-6000:]}"
     required = ["critic/advantages/mean", "actor/pg_loss", "actor/grad_norm", "perf/mfu/actor", "perf/mfu/actor_infer"]
     if "use_kl_loss=true" in " ".join(overrides):
         required.append("actor/kl_loss")
