@@ -27,6 +27,8 @@ import torch
 
 from repro.config import RunConfig
 from repro.devices import default_device
+from repro.workers import rollout_layout as layout
+from repro.workers import rollout_sampling
 
 
 def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -114,18 +116,7 @@ class HFRollout:
 
     def encode_prompts(self, prompts: list[list[int]], pad_to: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-pad token lists into ``input_ids`` and ``attention_mask`` of width ``pad_to``."""
-        width = max(len(p) for p in prompts)
-        if pad_to is not None:
-            if pad_to < width:
-                raise ValueError(f"prompt of {width} tokens does not fit prompt_pad_to={pad_to}")
-            width = pad_to
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            if p:
-                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-                mask[i, width - len(p):] = 1
-        return ids, mask
+        return layout.left_pad(prompts, self.pad_id, pad_to)
 
     @torch.no_grad()
     def generate(
@@ -143,13 +134,10 @@ class HFRollout:
         micro_batch_size: int | None = None,
     ) -> dict[str, torch.Tensor]:
         """Sample ``n`` responses per prompt; sample ``j`` of prompt ``i`` is row ``i * n + j``."""
+        sampling = rollout_sampling.resolve(self.cfg, temperature=temperature, top_p=top_p, top_k=top_k,
+                                            do_sample=do_sample, response_length=response_length)
+        response_length = sampling.response_length
         ro = self.cfg.actor_rollout_ref.rollout
-        temperature = ro.temperature if temperature is None else temperature
-        top_p = ro.top_p if top_p is None else top_p
-        top_k = ro.top_k if top_k is None else top_k
-        do_sample = (ro.do_sample if do_sample is None else do_sample) and temperature > 0
-        if response_length is None:
-            response_length = ro.response_length or self.cfg.data.max_response_length
         micro = micro_batch_size or ro.micro_batch_size_per_gpu or len(prompt_ids)
         if not prompt_ids:
             raise ValueError("rollout.generate got no prompts")
@@ -159,16 +147,17 @@ class HFRollout:
         prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         gen_kwargs: dict[str, Any] = {
             "max_new_tokens": response_length,
-            "do_sample": do_sample,
+            "do_sample": not sampling.greedy,
             "eos_token_id": self.eos_id,
             "pad_token_id": self.pad_id,
             "use_cache": True,
         }
-        if do_sample:
-            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
-        else:
-            # Greedy: unset sampling knobs so generate does not warn about them.
+        if sampling.greedy:
+            # Unset sampling knobs so generate does not warn about them.
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        else:
+            gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k if sampling.top_k > 0 else 0)
 
         responses = torch.full((prompts.shape[0], response_length), self.pad_id, dtype=torch.long)
         devices = [self.device] if self.device.type == "cuda" else []
@@ -181,21 +170,4 @@ class HFRollout:
                 new = out[:, ids.shape[1]:].cpu()
                 responses[start:start + new.shape[0], : new.shape[1]] = new
 
-        response_mask = self._response_mask(responses)
-        responses = responses.masked_fill(response_mask == 0, self.pad_id)
-        input_ids = torch.cat([prompts, responses], dim=1)
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-        return {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "position_ids": position_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-        }
-
-    def _response_mask(self, responses: torch.Tensor) -> torch.Tensor:
-        """1 up to and including the first EOS (everything when there is none), 0 after."""
-        is_eos = (responses == self.eos_id).long()
-        eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
-        return (eos_before == 0).long()
+        return layout.assemble(prompts, prompt_mask, responses, self.pad_id, self.eos_id)
