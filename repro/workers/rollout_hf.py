@@ -11,9 +11,8 @@ Output: verl's padded batch layout (interfaces.md): prompts left-padded to ``pro
 responses right-padded to ``response_length``; a response ends at its first EOS, which is kept
 and counted in ``response_mask``; everything after it is padding.
 
-Extension point: ``rollout.name=vllm`` goes through :func:`make_rollout`, which raises a clear
-error while no vLLM adapter exists (and when vllm is not installed). An adapter would be a class
-with this module's ``load_weights`` / ``generate`` signature, returned by ``make_rollout``.
+:func:`make_rollout` picks the rollout: ``rollout.name=vllm`` gives the vLLM adapter
+(``rollout_vllm``, same interface and layout), or a clear error when vllm is not installed.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +28,9 @@ from repro.config import RunConfig
 from repro.devices import default_device
 from repro.workers import rollout_layout as layout
 from repro.workers import rollout_sampling
+
+if TYPE_CHECKING:
+    from repro.workers.rollout_vllm import VLLMRollout
 
 
 def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -38,7 +40,7 @@ def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout:
+def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout | VLLMRollout:
     """The rollout named by ``actor_rollout_ref.rollout.name``."""
     name = cfg.actor_rollout_ref.rollout.name
     if name == "hf":
@@ -49,10 +51,9 @@ def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollou
                 "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed; "
                 "use actor_rollout_ref.rollout.name=hf (the reference rollout)"
             )
-        raise ValueError(
-            "actor_rollout_ref.rollout.name=vllm: vllm is installed but repro has no vLLM adapter yet "
-            "(see repro/workers/rollout_hf.py, make_rollout); use actor_rollout_ref.rollout.name=hf"
-        )
+        from repro.workers.rollout_vllm import VLLMRollout
+
+        return VLLMRollout(cfg, device=device)
     raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not valid; choose one of ['hf', 'vllm']")
 
 
