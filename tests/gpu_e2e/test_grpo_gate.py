@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_cuda_gpus
+from repro.bench.rollout import make_policy_dir
 from repro.metrics import MetricsLog, read_summary
 from repro.presets import preset_overrides
 
@@ -178,22 +179,6 @@ def _tiny_gate(case, zero, steps, margin, timeout, tmp_path, gpus, extra, budget
     gate.finish(summary)
 
 
-def _qwen3_shape_model(out: Path) -> Path:
-    """Random-init Qwen3-0.6B shape with the char tokenizer's special ids (saved in bf16)."""
-    import torch
-
-    from repro.data.tiny_model import build_model, qwen3_0p6b_config, save_model
-    from repro.data.tokenizer import build_tokenizer, save_tokenizer
-
-    tok = build_tokenizer()
-    config = qwen3_0p6b_config()
-    config.pad_token_id, config.bos_token_id, config.eos_token_id = tok.pad_token_id, tok.bos_token_id, tok.eos_token_id
-    model_dir = out / "model"
-    save_model(build_model(config, seed=0, dtype=torch.bfloat16), model_dir)
-    save_tokenizer(model_dir)
-    return model_dir
-
-
 def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
     require_cuda_gpus(N_GPUS)
     case = "qwen3_0p6b_shape_zero2"
@@ -203,7 +188,7 @@ def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
     from repro.data.gsm8k import convert
 
     data = convert(ROOT / "fixtures" / "gsm8k", work / "gsm8k")
-    model_dir = _qwen3_shape_model(work)
+    model_dir = make_policy_dir(work)
     steps = 10
     overrides = [
         f"actor_rollout_ref.model.path={model_dir}",
