@@ -7,7 +7,7 @@
   wake-up and sleep around the call, as in a training step.
 - ``grpo``: s/step of a short GRPO job on the same shape (the real trainer: Ray, DeepSpeed ZeRO-2,
   GSM8K prompts from ``fixtures/gsm8k``), one job process per rollout, tail means of the step
-  time split from ``metrics.tsv``.
+  time split from ``metrics.tsv`` (torch AdamW in both, so no FusedAdam JIT build skews the first job).
 
 Every figure comes from one command, HF and vLLM measured back to back, and is printed as one
 JSON line; the last line holds the vLLM/HF ratios. ``--out`` keeps ``rollout_bench.json`` and
@@ -109,7 +109,8 @@ def _grpo_overrides(model_dir: Path, data: dict, args: argparse.Namespace, name:
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.actor.deepspeed.zero_stage=2", "algorithm.adv_estimator=grpo", "critic.enable=False",
+        "actor_rollout_ref.actor.deepspeed.zero_stage=2", "actor_rollout_ref.actor.deepspeed.torch_adam=True",
+        "algorithm.adv_estimator=grpo", "critic.enable=False",
         "trainer.device=cuda", "trainer.n_gpus_per_node=1", f"trainer.total_training_steps={args.steps}",
         "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.val_before_train=False",
         f"trainer.experiment_name=rollout_bench_{name}", f"trainer.output_dir={out}", "trainer.progress=plain",

@@ -67,6 +67,7 @@ def _cfg(model_path: str):
     actor.ppo_mini_batch_size, actor.ppo_micro_batch_size_per_gpu, actor.ppo_epochs = 16, 64, 1
     actor.optim.lr = 1e-3
     actor.deepspeed.zero_stage = 2
+    actor.deepspeed.torch_adam = True  # the same AdamW without FusedAdam's JIT build (a minute of device time)
     cfg.trainer.n_gpus_per_node = 1
     return cfg
 
