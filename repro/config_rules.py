@@ -67,10 +67,10 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
 
     check_inactive_skip(cfg, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes)
 
-    if arr.rollout.name == "hf" and arr.rollout.tensor_model_parallel_size != 1:
+    if arr.rollout.tensor_model_parallel_size != 1:
         raise ValueError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={arr.rollout.tensor_model_parallel_size}"
-            " needs the vllm rollout; the hf rollout runs one replica per rank: set it to 1"
+            f"actor_rollout_ref.rollout.tensor_model_parallel_size={arr.rollout.tensor_model_parallel_size}:"
+            " the hf and vllm rollouts run one replica per rank (colocated with its actor): set it to 1"
         )
     if arr.rollout.name == "vllm" and importlib.util.find_spec("vllm") is None:
         msg = (

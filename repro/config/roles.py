@@ -190,6 +190,8 @@ class RolloutConfig:
     enforce_eager: bool = True
     """vLLM only."""
     free_cache_engine: bool = True
+    """vLLM only: sleep mode, the engine frees its GPU memory while the actor trains."""
+    enable_chunked_prefill: bool = True
     """vLLM only."""
     val_kwargs: ValKwargs = field(default_factory=ValKwargs)
 

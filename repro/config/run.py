@@ -226,6 +226,7 @@ NO_EFFECT_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.max_model_len": "vLLM only",
     "actor_rollout_ref.rollout.enforce_eager": "vLLM only",
     "actor_rollout_ref.rollout.free_cache_engine": "vLLM only",
+    "actor_rollout_ref.rollout.enable_chunked_prefill": "vLLM only",
     "reward.num_workers": "rewards are computed on the driver",
     "data.return_raw_chat": "prompts are rendered by the driver",
     "data.val_batch_size": "validation runs the whole set in one pass",

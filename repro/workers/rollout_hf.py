@@ -11,9 +11,8 @@ Output: verl's padded batch layout (interfaces.md): prompts left-padded to ``pro
 responses right-padded to ``response_length``; a response ends at its first EOS, which is kept
 and counted in ``response_mask``; everything after it is padding.
 
-Extension point: ``rollout.name=vllm`` goes through :func:`make_rollout`, which raises a clear
-error while no vLLM adapter exists (and when vllm is not installed). An adapter would be a class
-with this module's ``load_weights`` / ``generate`` signature, returned by ``make_rollout``.
+:func:`make_rollout` picks the rollout: ``rollout.name=vllm`` gives the vLLM adapter
+(``rollout_vllm``, same interface and layout), or a clear error when vllm is not installed.
 """
 
 from __future__ import annotations
@@ -21,13 +20,18 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from repro.batch import Batch, padded_batch
+from repro.batch import Batch
 from repro.config import RunConfig
 from repro.devices import default_device
+from repro.workers import rollout_layout as layout
+from repro.workers import rollout_sampling
+
+if TYPE_CHECKING:
+    from repro.workers.rollout_vllm import VLLMRollout
 
 
 def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
@@ -37,7 +41,7 @@ def _model_dtype(cfg: RunConfig, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout:
+def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollout | VLLMRollout:
     """The rollout named by ``actor_rollout_ref.rollout.name``."""
     name = cfg.actor_rollout_ref.rollout.name
     if name == "hf":
@@ -48,10 +52,9 @@ def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollou
                 "actor_rollout_ref.rollout.name=vllm needs the vllm package, which is not installed; "
                 "use actor_rollout_ref.rollout.name=hf (the reference rollout)"
             )
-        raise ValueError(
-            "actor_rollout_ref.rollout.name=vllm: vllm is installed but repro has no vLLM adapter yet "
-            "(see repro/workers/rollout_hf.py, make_rollout); use actor_rollout_ref.rollout.name=hf"
-        )
+        from repro.workers.rollout_vllm import VLLMRollout
+
+        return VLLMRollout(cfg, device=device)
     raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not valid; choose one of ['hf', 'vllm']")
 
 
@@ -115,18 +118,7 @@ class HFRollout:
 
     def encode_prompts(self, prompts: list[list[int]], pad_to: int | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-pad token lists into ``input_ids`` and ``attention_mask`` of width ``pad_to``."""
-        width = max(len(p) for p in prompts)
-        if pad_to is not None:
-            if pad_to < width:
-                raise ValueError(f"prompt of {width} tokens does not fit prompt_pad_to={pad_to}")
-            width = pad_to
-        ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            if p:
-                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-                mask[i, width - len(p):] = 1
-        return ids, mask
+        return layout.left_pad(prompts, self.pad_id, pad_to)
 
     @torch.no_grad()
     def generate(
@@ -144,13 +136,10 @@ class HFRollout:
         micro_batch_size: int | None = None,
     ) -> Batch:
         """Sample ``n`` responses per prompt; sample ``j`` of prompt ``i`` is row ``i * n + j``."""
+        sampling = rollout_sampling.resolve(self.cfg, temperature=temperature, top_p=top_p, top_k=top_k,
+                                            do_sample=do_sample, response_length=response_length)
+        response_length = sampling.response_length
         ro = self.cfg.actor_rollout_ref.rollout
-        temperature = ro.temperature if temperature is None else temperature
-        top_p = ro.top_p if top_p is None else top_p
-        top_k = ro.top_k if top_k is None else top_k
-        do_sample = (ro.do_sample if do_sample is None else do_sample) and temperature > 0
-        if response_length is None:
-            response_length = ro.response_length or self.cfg.data.max_response_length
         micro = micro_batch_size or ro.micro_batch_size_per_gpu or len(prompt_ids)
         if not prompt_ids:
             raise ValueError("rollout.generate got no prompts")
@@ -160,16 +149,17 @@ class HFRollout:
         prompt_mask = prompt_mask.repeat_interleave(n, dim=0)
         gen_kwargs: dict[str, Any] = {
             "max_new_tokens": response_length,
-            "do_sample": do_sample,
+            "do_sample": not sampling.greedy,
             "eos_token_id": self.eos_id,
             "pad_token_id": self.pad_id,
             "use_cache": True,
         }
-        if do_sample:
-            gen_kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0)
-        else:
-            # Greedy: unset sampling knobs so generate does not warn about them.
+        if sampling.greedy:
+            # Unset sampling knobs so generate does not warn about them.
             gen_kwargs.update(temperature=None, top_p=None, top_k=None)
+        else:
+            gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                              top_k=sampling.top_k if sampling.top_k > 0 else 0)
 
         responses = torch.full((prompts.shape[0], response_length), self.pad_id, dtype=torch.long)
         devices = [self.device] if self.device.type == "cuda" else []
@@ -182,12 +172,4 @@ class HFRollout:
                 new = out[:, ids.shape[1]:].cpu()
                 responses[start:start + new.shape[0], : new.shape[1]] = new
 
-        response_mask = self._response_mask(responses)
-        responses = responses.masked_fill(response_mask == 0, self.pad_id)
-        return padded_batch(prompts, prompt_mask, responses, response_mask)
-
-    def _response_mask(self, responses: torch.Tensor) -> torch.Tensor:
-        """1 up to and including the first EOS (everything when there is none), 0 after."""
-        is_eos = (responses == self.eos_id).long()
-        eos_before = is_eos.cumsum(dim=1) - is_eos  # EOS tokens strictly before each position
-        return (eos_before == 0).long()
+        return layout.assemble(prompts, prompt_mask, responses, self.pad_id, self.eos_id)

@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_cuda_gpus
+from repro.bench.rollout import make_policy_dir
 from repro.metrics import MetricsLog, read_summary
 from repro.presets import preset_overrides
 
@@ -125,10 +126,39 @@ TINY_CASES = [
 @pytest.mark.parametrize(("case", "zero", "steps", "margin", "timeout"), TINY_CASES)
 def test_grpo_tiny_score_rises_within_memory_budget(case, zero, steps, margin, timeout, tmp_path):
     require_cuda_gpus(N_GPUS)
+    _tiny_gate(case, zero, steps, margin, timeout, tmp_path, N_GPUS, [], BUDGETS[case])
+
+
+# The vLLM rollout on the same task and margins: GPUs from REPRO_GATE_VLLM_GPUS (default 1, the
+# kind lent for its first proof; the global batch, hence the learning problem, does not depend on
+# it). Its memory budget is the HF case's plus the engine's allowance (gpu_memory_utilization x GPU).
+VLLM_GPUS = int(os.environ.get("REPRO_GATE_VLLM_GPUS", "1"))
+VLLM_TINY_UTIL = 0.1
+VLLM_TINY_CASES = [
+    pytest.param("grpo_tiny_zero2_vllm", 2, 30, SCORE_MARGIN_30, 420, id="zero2-30-steps-vllm"),
+]
+
+
+@pytest.mark.parametrize(("case", "zero", "steps", "margin", "timeout"), VLLM_TINY_CASES)
+def test_grpo_tiny_with_vllm_rollout_score_rises_as_with_hf(case, zero, steps, margin, timeout, tmp_path):
+    require_cuda_gpus(VLLM_GPUS)
+    pytest.importorskip("vllm", reason="the vllm extra is not installed")
+    import torch
+
+    engine_gb = VLLM_TINY_UTIL * torch.cuda.get_device_properties(0).total_memory / 2**30
+    hf_budget = BUDGETS[case.removesuffix("_vllm")]
+    budget = {k: round(v + engine_gb, 2) for k, v in hf_budget.items()}
+    # torch_adam: the same AdamW without FusedAdam's JIT build (a minute of device time per machine).
+    extra = ["actor_rollout_ref.rollout.name=vllm", f"actor_rollout_ref.rollout.gpu_memory_utilization={VLLM_TINY_UTIL}",
+             "actor_rollout_ref.actor.deepspeed.torch_adam=True"]
+    _tiny_gate(case, zero, steps, margin, timeout, tmp_path, VLLM_GPUS, extra, budget)
+
+
+def _tiny_gate(case, zero, steps, margin, timeout, tmp_path, gpus, extra, budget):
     out = _out_dir(tmp_path, case)
     overrides = preset_overrides("grpo_tiny") + [
         "trainer.device=cuda",
-        f"trainer.n_gpus_per_node={N_GPUS}",
+        f"trainer.n_gpus_per_node={gpus}",
         f"actor_rollout_ref.actor.deepspeed.zero_stage={zero}",
         f"trainer.total_training_steps={steps}",
         "trainer.test_freq=10",
@@ -136,7 +166,7 @@ def test_grpo_tiny_score_rises_within_memory_budget(case, zero, steps, margin, t
         f"trainer.experiment_name={case}",
         # auto = bf16 on CUDA (DeepSpeed keeps fp32 master weights); REPRO_GATE_TINY_DTYPE=float32 to compare.
         f"actor_rollout_ref.actor.deepspeed.model_dtype={os.environ.get('REPRO_GATE_TINY_DTYPE', 'auto')}",
-    ]
+    ] + extra
     cmd = _run(overrides, out, timeout)
     rows = MetricsLog(out / "metrics.tsv").rows
     summary = read_summary(out / "summary.tsv")
@@ -147,24 +177,8 @@ def test_grpo_tiny_score_rises_within_memory_budget(case, zero, steps, margin, t
     gate.check(f"avg_score_tail5 >= step-1 score + {margin}", tail >= first + margin,
                {"step1": first, "tail5": tail, "rise": tail - first}, margin)
     _finite_checks(gate, rows)
-    _memory_checks(gate, summary, BUDGETS[case])
+    _memory_checks(gate, summary, budget)
     gate.finish(summary)
-
-
-def _qwen3_shape_model(out: Path) -> Path:
-    """Random-init Qwen3-0.6B shape with the char tokenizer's special ids (saved in bf16)."""
-    import torch
-
-    from repro.data.tiny_model import build_model, qwen3_0p6b_config, save_model
-    from repro.data.tokenizer import build_tokenizer, save_tokenizer
-
-    tok = build_tokenizer()
-    config = qwen3_0p6b_config()
-    config.pad_token_id, config.bos_token_id, config.eos_token_id = tok.pad_token_id, tok.bos_token_id, tok.eos_token_id
-    model_dir = out / "model"
-    save_model(build_model(config, seed=0, dtype=torch.bfloat16), model_dir)
-    save_tokenizer(model_dir)
-    return model_dir
 
 
 def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
@@ -176,7 +190,7 @@ def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
     from repro.data.gsm8k import convert
 
     data = convert(ROOT / "fixtures" / "gsm8k", work / "gsm8k")
-    model_dir = _qwen3_shape_model(work)
+    model_dir = make_policy_dir(work)
     steps = 10
     overrides = [
         f"actor_rollout_ref.model.path={model_dir}",
