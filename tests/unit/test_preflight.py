@@ -132,14 +132,13 @@ def test_bad_input_exits_2_with_one_line_naming_the_key_or_file(name, tmp_path, 
     case = _case(tmp_path, name)
     for k, v in case.env.items():
         monkeypatch.setenv(k, v)
-    start = time.monotonic()
     code = main([*BASE, *case.overrides])
-    seconds = time.monotonic() - start
     out, err = capsys.readouterr()
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning: ")]
     assert code == 2, (case.name, err)
     assert len(lines) == 1 and lines[0].startswith("error: ") and case.expect in lines[0], (case.name, err)
-    assert "Traceback" not in err and seconds < 5.0
+    # No wall-clock bound here: under load it flakes; the subprocess test below bounds CPU time.
+    assert "Traceback" not in err
     assert not (tmp_path / "out").exists(), "nothing may be written before the inputs are checked"
 
 
