@@ -59,6 +59,7 @@ def agg_loss(
     *,
     token_denominator: float | torch.Tensor | None = None,
     seq_denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> torch.Tensor:
     """Reduce a ``[B, R]`` token loss to a scalar.
 
@@ -66,8 +67,9 @@ def agg_loss(
     - ``seq-mean-token-sum``: mean over sequences of each sequence's token sum.
     - ``seq-mean-token-mean``: mean over sequences of each sequence's token mean.
     - ``token-sum``: sum over all unmasked tokens (no denominator).
-    - ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` over the padded response width
-      (Dr. GRPO's constant normaliser; verl's default ``loss_scale_factor``).
+    - ``seq-mean-token-sum-norm``: ``seq-mean-token-sum`` over ``loss_scale_factor`` (verl's
+      ``actor.loss_scale_factor``, Dr. GRPO's constant normaliser), the padded response width
+      when None (verl's default).
 
     The seq-mean modes count only sequences with at least one unmasked token (verl: an empty,
     aborted response does not dilute the mean). An all-masked batch gives 0 where verl's local
@@ -82,7 +84,8 @@ def agg_loss(
     if loss_agg_mode == "token-sum":
         return masked_sum(loss_mat, loss_mask)
     if loss_agg_mode == "seq-mean-token-sum-norm":
-        return agg_loss(loss_mat, loss_mask, "seq-mean-token-sum", seq_denominator=seq_denominator) / loss_mask.shape[-1]
+        norm = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
+        return agg_loss(loss_mat, loss_mask, "seq-mean-token-sum", seq_denominator=seq_denominator) / norm
     if loss_agg_mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
         seq_losses = masked_sum(loss_mat, loss_mask, dim=-1)
         if loss_agg_mode == "seq-mean-token-mean":
@@ -188,6 +191,7 @@ def compute_policy_loss(
     *,
     token_denominator: float | torch.Tensor | None = None,
     seq_denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> PolicyLoss:
     """PPO clipped surrogate with the dual clip for negative advantages (arXiv:1912.09729)."""
     if clip_ratio_c <= 1.0:
@@ -206,7 +210,8 @@ def compute_policy_loss(
     clipfrac_lower = masked_mean((torch.gt(ppo_losses, dual_bound) & negative).float(), response_mask)
     token_losses = torch.where(negative, dual_losses, ppo_losses)
     loss = agg_loss(token_losses, response_mask, loss_agg_mode,
-                    token_denominator=token_denominator, seq_denominator=seq_denominator)
+                    token_denominator=token_denominator, seq_denominator=seq_denominator,
+                    loss_scale_factor=loss_scale_factor)
     return PolicyLoss(loss, token_losses, clipfrac, ppo_kl, clipfrac_lower)
 
 
@@ -227,6 +232,7 @@ def compute_value_loss(
     *,
     token_denominator: float | torch.Tensor | None = None,
     seq_denominator: float | torch.Tensor | None = None,
+    loss_scale_factor: float | None = None,
 ) -> ValueLoss:
     """0.5 * max((v - R)^2, (clip(v, v_old +- c) - R)^2), aggregated."""
     # Clamp the prediction itself: ``values + clamp(vpreds - values)`` rounds an unclipped
@@ -236,7 +242,8 @@ def compute_value_loss(
     clipped_losses = (clipped_preds - returns) ** 2
     token_losses = torch.maximum(losses, clipped_losses)
     loss = 0.5 * agg_loss(token_losses, response_mask, loss_agg_mode,
-                          token_denominator=token_denominator, seq_denominator=seq_denominator)
+                          token_denominator=token_denominator, seq_denominator=seq_denominator,
+                          loss_scale_factor=loss_scale_factor)
     clipfrac = masked_mean(torch.gt(clipped_losses, losses).float(), response_mask)
     return ValueLoss(loss, clipfrac)
 

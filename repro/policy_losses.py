@@ -1,8 +1,9 @@
 """verl's policy losses beyond the PPO clip, selected by ``actor.policy_loss.loss_mode``.
 
 Each returns :class:`repro.algorithms.PolicyLoss` and aggregates with
-:func:`repro.algorithms.agg_loss` and the mini-batch's global denominators, so a micro-batch split
-sums to the whole mini-batch's loss as for ``vanilla``. Semantics are verl 0.9.1's (checked
+:func:`repro.algorithms.agg_loss` and the mini-batch's global denominators (and
+``loss_scale_factor``), passed through as ``**denoms``, so a micro-batch split sums to the whole
+mini-batch's loss as for ``vanilla``. Semantics are verl 0.9.1's (checked
 against it in ``tests/verl_parity``); statistics verl does not report for a mode are 0.
 
 - ``gspo`` (arXiv:2507.18071): one importance ratio per sequence (the mean token log-ratio), with
@@ -33,7 +34,7 @@ def _zero(ref: torch.Tensor) -> torch.Tensor:
 
 
 def gspo(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float,
-         mode: str, token_denominator: Denom = None, seq_denominator: Denom = None) -> PolicyLoss:
+         mode: str, **denoms: Denom) -> PolicyLoss:
     log_ratio = new - old
     lengths = mask.sum(dim=-1).clamp(min=1)
     seq_log_ratio = (torch.where(mask.bool(), log_ratio, 0.0) * mask).sum(dim=-1) / lengths
@@ -43,25 +44,25 @@ def gspo(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Te
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1 - low, 1 + high)
     token_losses = torch.maximum(unclipped, clipped)
-    loss = agg_loss(token_losses, mask, mode, token_denominator=token_denominator, seq_denominator=seq_denominator)
+    loss = agg_loss(token_losses, mask, mode, **denoms)
     return PolicyLoss(loss, token_losses, masked_mean(torch.gt(clipped, unclipped).float(), mask),
                       masked_mean(-log_ratio, mask), _zero(loss))
 
 
 def gpg(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
-        token_denominator: Denom = None, seq_denominator: Denom = None) -> PolicyLoss:
+        **denoms: Denom) -> PolicyLoss:
     token_losses = -new * adv
-    loss = agg_loss(token_losses, mask, mode, token_denominator=token_denominator, seq_denominator=seq_denominator)
+    loss = agg_loss(token_losses, mask, mode, **denoms)
     return PolicyLoss(loss, token_losses, _zero(loss), masked_mean(old - new, mask).detach(), _zero(loss))
 
 
 def cispo(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float,
-          mode: str, token_denominator: Denom = None, seq_denominator: Denom = None) -> PolicyLoss:
+          mode: str, **denoms: Denom) -> PolicyLoss:
     log_ratio = torch.clamp(new - old, min=-20.0, max=20.0)
     ratio = torch.exp(log_ratio)
     clipped = torch.clamp(ratio, 1 - low, 1 + high)
     token_losses = -clipped.detach() * adv * new
-    loss = agg_loss(token_losses, mask, mode, token_denominator=token_denominator, seq_denominator=seq_denominator)
+    loss = agg_loss(token_losses, mask, mode, **denoms)
     return PolicyLoss(loss, token_losses, masked_mean((ratio != clipped).float(), mask),
                       masked_mean(-log_ratio, mask), _zero(loss))
 
@@ -86,8 +87,7 @@ def geo_mean(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torc
 
 
 def clip_cov(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, low: float, high: float,
-             mode: str, ratio_share: float, lower: float, upper: float, token_denominator: Denom = None,
-             seq_denominator: Denom = None) -> PolicyLoss:
+             mode: str, ratio_share: float, lower: float, upper: float, **denoms: Denom) -> PolicyLoss:
     if ratio_share <= 0:
         raise ValueError(f"actor.policy_loss.clip_cov_ratio={ratio_share} must be > 0")
     log_ratio = new - old
@@ -104,14 +104,13 @@ def clip_cov(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torc
         chosen = candidates[torch.randperm(len(candidates))[:min(budget, len(candidates))]]
         keep[chosen[:, 0], chosen[:, 1]] = 0
     token_losses = torch.maximum(unclipped, clipped) * keep
-    loss = agg_loss(token_losses, mask, mode, token_denominator=token_denominator, seq_denominator=seq_denominator)
+    loss = agg_loss(token_losses, mask, mode, **denoms)
     return PolicyLoss(loss, token_losses, masked_mean((keep == 0).float(), mask), masked_mean(-log_ratio, mask),
                       _zero(loss))
 
 
 def kl_cov(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, mode: str,
-           ratio_share: float, kl_coef: float, token_denominator: Denom = None,
-           seq_denominator: Denom = None) -> PolicyLoss:
+           ratio_share: float, kl_coef: float, **denoms: Denom) -> PolicyLoss:
     if ratio_share <= 0:
         raise ValueError(f"actor.policy_loss.kl_cov_ratio={ratio_share} must be > 0")
     log_ratio = new - old
@@ -126,7 +125,7 @@ def kl_cov(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.
         top = flat[torch.topk(cov, max(1, int(len(cov) * ratio_share)), largest=True).indices.to(flat.device)]
         rows, cols = top // adv.shape[1], top % adv.shape[1]
         token_losses = token_losses.index_put((rows, cols), penalised[rows, cols])
-    loss = agg_loss(token_losses, mask, mode, token_denominator=token_denominator, seq_denominator=seq_denominator)
+    loss = agg_loss(token_losses, mask, mode, **denoms)
     # verl reports the mean |log-ratio| as ppo_kl for this mode.
     return PolicyLoss(loss, token_losses, _zero(loss), masked_mean(log_ratio.abs(), mask), _zero(loss))
 
@@ -134,9 +133,10 @@ def kl_cov(old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor, mask: torch.
 def compute_policy_loss_by_mode(loss_mode: str, old: torch.Tensor, new: torch.Tensor, adv: torch.Tensor,
                                 mask: torch.Tensor, *, low: float, high: float, clip_ratio_c: float,
                                 loss_agg_mode: str, params=None, token_denominator: Denom = None,
-                                seq_denominator: Denom = None) -> PolicyLoss:
+                                seq_denominator: Denom = None, loss_scale_factor: float | None = None) -> PolicyLoss:
     """The policy loss of ``loss_mode``; ``params`` carries the cov modes' knobs (``PolicyLossConfig``)."""
-    d = {"token_denominator": token_denominator, "seq_denominator": seq_denominator}
+    d = {"token_denominator": token_denominator, "seq_denominator": seq_denominator,
+         "loss_scale_factor": loss_scale_factor}
     if loss_mode == "vanilla":
         return compute_policy_loss(old, new, adv, mask, low, high, clip_ratio_c, loss_agg_mode, **d)
     if loss_mode == "gspo":

@@ -164,8 +164,10 @@ class PPOTrainer:
                 batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
                 if all("entropy" in o for o in outs):
                     # Aggregated as the actor's loss is (verl): per token only with token-mean.
+                    actor = cfg.actor_rollout_ref.actor
                     row["actor/entropy"] = algorithms.agg_loss(torch.cat([o["entropy"] for o in outs]), mask,
-                                                               cfg.actor_rollout_ref.actor.loss_agg_mode).item()
+                                                               actor.loss_agg_mode,
+                                                               loss_scale_factor=actor.loss_scale_factor).item()
             if self.use_ref:
                 with timer("ref", timings):
                     outs = self._fan("compute_ref_log_prob", batch, _FORWARD_KEYS)

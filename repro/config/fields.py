@@ -98,6 +98,7 @@ def _check_trainer_role(role: Any) -> None:
     _positive(role, "ppo_max_token_len_per_gpu")
     _positive(role, "ppo_epochs")
     _choice(role, "loss_agg_mode", LOSS_AGG_MODES)
+    _positive(role, "loss_scale_factor", allow_none=True)
 
 
 POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")

@@ -99,6 +99,8 @@ class ActorConfig:
     """Dual-clip constant for negative advantages (must be > 1)."""
     loss_agg_mode: str = "token-mean"
     """How token losses reduce to the batch loss."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's constant divisor (Dr. GRPO); None: the padded response width."""
     entropy_coeff: float = 0.0
     """Entropy bonus weight."""
     use_kl_loss: bool = False
@@ -244,6 +246,8 @@ class CriticConfig:
     """Clip range of the value loss."""
     loss_agg_mode: str = "token-mean"
     """How token losses reduce to the batch loss."""
+    loss_scale_factor: float | None = None
+    """seq-mean-token-sum-norm's constant divisor (Dr. GRPO); None: the padded response width."""
     grad_clip: float = 1.0
     """Gradient-norm clip (0 disables)."""
     ulysses_sequence_parallel_size: int = 1

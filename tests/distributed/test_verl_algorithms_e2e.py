@@ -28,7 +28,7 @@ CASES = {
     "rpp-gpg": ["algorithm.adv_estimator=reinforce_plus_plus", f"{ACTOR}.policy_loss.loss_mode=gpg",
                 f"{ACTOR}.loss_agg_mode=token-sum"],
     "rppb-cispo": ["algorithm.adv_estimator=reinforce_plus_plus_baseline", f"{ACTOR}.policy_loss.loss_mode=cispo",
-                   f"{ACTOR}.loss_agg_mode=seq-mean-token-sum-norm"],
+                   f"{ACTOR}.loss_agg_mode=seq-mean-token-sum-norm", f"{ACTOR}.loss_scale_factor=16"],
     "opo-geo_mean": ["algorithm.adv_estimator=opo", f"{ACTOR}.policy_loss.loss_mode=geo_mean"],
     "gpg-clip_cov": ["algorithm.adv_estimator=gpg", f"{ACTOR}.policy_loss.loss_mode=clip_cov",
                      f"{ACTOR}.policy_loss.clip_cov_ratio=0.2", f"{ACTOR}.policy_loss.clip_cov_lb=-1.0",

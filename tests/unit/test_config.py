@@ -368,3 +368,11 @@ def test_sections_validate_themselves_when_built_in_code():
 def test_unknown_config_name_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"config name 'ppo_megatron_trainer' is not known.*ppo_trainer"):
         load_config([], config_name="ppo_megatron_trainer")
+
+
+def test_loss_scale_factor_is_verls_key_on_the_actor_and_the_critic():
+    cfg, _ = load(["actor_rollout_ref.actor.loss_scale_factor=4096", "critic.loss_scale_factor=512"])
+    assert cfg.actor_rollout_ref.actor.loss_scale_factor == 4096 and cfg.critic.loss_scale_factor == 512
+    assert load([])[0].actor_rollout_ref.actor.loss_scale_factor is None  # verl's default: the padded width
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.loss_scale_factor=0(\.0)? must be a positive number"):
+        load(["actor_rollout_ref.actor.loss_scale_factor=0"])

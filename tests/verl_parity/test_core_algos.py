@@ -38,17 +38,22 @@ def test_masked_whiten_matches_on_the_unmasked_tokens(batch):
     close(ours[keep], verl_F.masked_whiten(batch.values, batch.mask)[keep])
 
 
-@given(batch=token_batches(), mode=st.sampled_from(LOSS_MODES))
-def test_agg_loss_matches_whenever_a_token_is_unmasked(batch, mode):
+# verl's actor/critic ``loss_scale_factor``: seq-mean-token-sum-norm's divisor (None: the padded width).
+SCALES = st.sampled_from([None, 7, 4096])  # never a drawn width (<= 5): a scale that is ignored fails
+
+
+@given(batch=token_batches(), mode=st.sampled_from(LOSS_MODES), scale=SCALES)
+def test_agg_loss_matches_whenever_a_token_is_unmasked(batch, mode, scale):
     """On purpose, for NaN/inf outside the mask: verl 0.9.1's seq-mean modes multiply by the mask
     (``nan * 0`` is NaN) where its token-mean selects with ``torch.where``; repro selects in every
     mode, so a padded position never reaches the loss. There repro equals verl on the same batch
     with the padding zeroed, and verl itself is NaN."""
     assume(batch.mask.sum() > 0)
-    ours = algorithms.agg_loss(batch.values, batch.mask, mode)
+    ours = algorithms.agg_loss(batch.values, batch.mask, mode, loss_scale_factor=scale)
     assert torch.isfinite(ours)
-    close(ours, core_algos.agg_loss(zeroed_padding(batch.values, batch.mask), batch.mask, mode))
-    theirs = core_algos.agg_loss(batch.values, batch.mask, mode)
+    close(ours, core_algos.agg_loss(zeroed_padding(batch.values, batch.mask), batch.mask, mode,
+                                    loss_scale_factor=scale))
+    theirs = core_algos.agg_loss(batch.values, batch.mask, mode, loss_scale_factor=scale)
     if leaks_into_verl(batch.values, batch.mask, mode):
         assert torch.isnan(theirs)
     else:
@@ -114,18 +119,19 @@ def test_ppo_clipped_policy_loss_and_its_statistics(batch, mode, low, high, c, s
     close(ours.clipfrac_lower, stats["actor/pg_clipfrac_lower"])
 
 
-@given(batch=token_batches(), mode=st.sampled_from(LOSS_MODES), clip=st.sampled_from([0.1, 0.5]))
-def test_clipped_value_loss(batch, mode, clip):
+@given(batch=token_batches(), mode=st.sampled_from(LOSS_MODES), clip=st.sampled_from([0.1, 0.5]), scale=SCALES)
+def test_clipped_value_loss(batch, mode, clip, scale):
     assume(batch.mask.sum() > 0)
     vpreds = torch.where(batch.mask.bool(), batch.other, batch.values)
     returns, values = batch.other.flip(0), batch.other.flip(1)
-    ours = algorithms.compute_value_loss(vpreds, returns, values, batch.mask, clip, mode)
+    ours = algorithms.compute_value_loss(vpreds, returns, values, batch.mask, clip, mode, loss_scale_factor=scale)
     # Non-finite padding: as in test_agg_loss_matches_whenever_a_token_is_unmasked.
     loss, clipfrac = core_algos.compute_value_loss(zeroed_padding(vpreds, batch.mask), returns, values, batch.mask,
-                                                   clip, mode)
+                                                   clip, mode, loss_scale_factor=scale)
     close(ours.loss, loss)
     close(ours.clipfrac, clipfrac)
-    loss, clipfrac = core_algos.compute_value_loss(vpreds, returns, values, batch.mask, clip, mode)
+    loss, clipfrac = core_algos.compute_value_loss(vpreds, returns, values, batch.mask, clip, mode,
+                                                   loss_scale_factor=scale)
     close(ours.clipfrac, clipfrac)
     if leaks_into_verl(vpreds, batch.mask, mode):
         assert torch.isnan(loss)

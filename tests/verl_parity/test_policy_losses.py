@@ -23,8 +23,9 @@ STATS = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl", "actor/pg_cl
 @pytest.mark.parametrize("loss_mode", POLICY_LOSS_MODES)
 @given(batch=token_batches(poison=False), agg=st.sampled_from(list(LOSS_AGG_MODES)),
        low=st.sampled_from([0.1, 0.2]), high=st.sampled_from([0.2, 0.28]), shift=st.sampled_from([0.05, 0.5]),
-       cov_ratio=st.sampled_from([0.0002, 0.3]), cov_lb=st.sampled_from([-1.0, 0.0]))
-def test_policy_loss_matches_verl(loss_mode, batch, agg, low, high, shift, cov_ratio, cov_lb):
+       cov_ratio=st.sampled_from([0.0002, 0.3]), cov_lb=st.sampled_from([-1.0, 0.0]),
+       scale=st.sampled_from([None, 7]))
+def test_policy_loss_matches_verl(loss_mode, batch, agg, low, high, shift, cov_ratio, cov_lb, scale):
     assume(batch.mask.sum() > 0)
     old = batch.other
     new_ours = (old + shift * batch.values).detach().requires_grad_(True)
@@ -36,9 +37,11 @@ def test_policy_loss_matches_verl(loss_mode, batch, agg, low, high, shift, cov_r
                          ppo_micro_batch_size_per_gpu=1,
                          policy_loss=PolicyLossConfig(loss_mode=loss_mode, clip_cov_ratio=cov_ratio, clip_cov_lb=cov_lb,
                                                       clip_cov_ub=5.0, kl_cov_ratio=cov_ratio, ppo_kl_coef=0.1))
+    # As verl's actor loss passes actor.loss_scale_factor to every policy loss's agg_loss.
+    config.global_batch_info["loss_scale_factor"] = scale
     torch.manual_seed(0)  # clip_cov draws among its candidates from the global generator
     ours = compute_policy_loss_by_mode(loss_mode, old, new_ours, adv, batch.mask, low=low, high=high,
-                                       clip_ratio_c=3.0, loss_agg_mode=agg, params=params)
+                                       clip_ratio_c=3.0, loss_agg_mode=agg, params=params, loss_scale_factor=scale)
     torch.manual_seed(0)
     loss, stats = core_algos.get_policy_loss_fn(loss_mode)(old, new_theirs, adv, batch.mask, agg, config)
     close(ours.loss.detach(), loss.detach())
