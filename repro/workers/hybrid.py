@@ -130,6 +130,10 @@ class HybridWorker:
 
     def _sample_nvml(self) -> None:
         used = nvml_used_gb()
+        # A vLLM rollout sleeps before generate returns: its awake reading is the peak.
+        awake = getattr(self.rollout, "awake_nvml_gb", None)
+        if used is not None and awake is not None:
+            used = max(used, awake)
         if used is not None:
             self._nvml_peak = max(self._nvml_peak, used)
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from repro.config import RunConfig
-from repro.devices import default_device
+from repro.devices import default_device, nvml_used_gb
 from repro.workers import rollout_layout as layout
 from repro.workers import rollout_sampling, vllm_settings
 from repro.workers.weight_buckets import buckets
@@ -98,6 +98,8 @@ class VLLMRollout:
         self.sleeps = bool(kwargs["enable_sleep_mode"])
         self._asleep = False
         self.weights_version = -1
+        self.awake_nvml_gb: float | None = None
+        """NVML memory in use at the end of the last generation, before the engine slept."""
         self._sleep()
 
     def _sleep(self) -> None:
@@ -148,6 +150,7 @@ class VLLMRollout:
         prompts: list[Any] = [TokensPrompt(prompt_token_ids=list(p)) for p in prompt_ids]
         self._wake()
         outs = self.llm.generate(prompts, params, use_tqdm=False)
+        self.awake_nvml_gb = nvml_used_gb()
         self._sleep()
         samples = [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
         return layout.batch_from_samples(prompt_ids, samples, n, pad_id=self.pad_id, eos_id=self.eos_id,

@@ -11,7 +11,8 @@ wide state) and writes ``probe.json``; the test asserts on it:
   fail);
 - after ``UPDATES`` actor updates (GRPO-style, advantages +-1, on samples vLLM drew) and one
   sync: the actor's weights moved; vLLM's parameters that are not stacked (embeddings, norms,
-  ``o_proj``, ``down_proj``) equal the actor's bf16 tensors exactly; every greedy token vLLM
+  ``o_proj``, ``down_proj``) equal the actor's bf16 tensors exactly (the embedding's real rows:
+  vLLM pads the vocabulary); every greedy token vLLM
   picked is within ``LOGPROB_TOL`` of HF's best log-prob at that position (teacher-forced on
   vLLM's tokens, so a bf16 near-tie does not derail the comparison), and the share of rows
   identical to HF's greedy rows is reported (and must be at least ``MIN_EXACT_ROWS``);
@@ -154,8 +155,11 @@ def probe(out: Path) -> None:
 
     rollout._wake()
     vllm_w = rollout.llm.collective_rpc(read, args=(NOT_STACKED,))[0]
+    # vLLM pads the vocabulary rows of its embedding (to a multiple of 64): compare the real rows.
     rec["unstacked_weights_equal"] = {
-        n: bool(torch.equal(vllm_w[n], actor_w[n].to("cpu", dtype=vllm_w[n].dtype))) for n in NOT_STACKED}
+        n: bool(torch.equal(vllm_w[n][tuple(slice(0, k) for k in actor_w[n].shape)],
+                            actor_w[n].to("cpu", dtype=vllm_w[n].dtype))) for n in NOT_STACKED}
+    rec["vllm_shapes"] = {n: list(vllm_w[n].shape) for n in NOT_STACKED}
 
     after = _greedy_stats(rollout, hf, prompts)
     rec["after_sync"] = {k: v for k, v in after.items() if not k.startswith("_")}
