@@ -2,7 +2,9 @@
 
 For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and
 parameter offload; ZeRO-3 with the decoder layers as leaf modules, the workers' default, and
-``zero3_noleaf`` with stock per-submodule hooks) the runners train the same randomly initialised
+``zero3_noleaf`` with stock per-submodule hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with
+DeepSpeed's constant bucket/prefetch/persistence sizes instead of the size-aware ones of
+``repro.zero3_defaults``) the runners train the same randomly initialised
 model on the same batch, each in its own set of rank processes (peak memory would leak from one
 case into the next in a shared process):
 
@@ -24,6 +26,8 @@ throughput as a fraction of the bare loop's, and each row's throughput as a frac
 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
+    python -m repro.bench.workers --cases zero3_dsdefaults,zero3,zero3_offload_dsdefaults,zero3_offload \
+        --runners worker,fsdp2 --rounds 2                                 # old vs size-aware ZeRO-3 sizes
 """
 
 from __future__ import annotations
@@ -46,9 +50,11 @@ CASES = {
     "zero2": {"zero_stage": 2, "offload": "none", "param_offload": False},
     "zero3": {"zero_stage": 3, "offload": "none", "param_offload": False},
     "zero3_noleaf": {"zero_stage": 3, "offload": "none", "param_offload": False, "zero3_leaf_modules": False},
+    "zero3_dsdefaults": {"zero_stage": 3, "offload": "none", "param_offload": False, "zero3_size_aware": False},
     "zero1_offload": {"zero_stage": 1, "offload": "cpu", "param_offload": False},
     "zero2_offload": {"zero_stage": 2, "offload": "cpu", "param_offload": False},
     "zero3_offload": {"zero_stage": 3, "offload": "cpu", "param_offload": True},
+    "zero3_offload_dsdefaults": {"zero_stage": 3, "offload": "cpu", "param_offload": True, "zero3_size_aware": False},
 }
 RUNNERS = ("worker", "bare", "fsdp2")
 COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb", "max_reserved_gb",
@@ -154,13 +160,15 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
     from repro.ds_config import build_ds_config
     from repro.workers.engine import load_hf_model, torch_dtype
     from repro.workers.zero3_leaf import mark_zero3_leaves
+    from repro.zero3_defaults import model_size_of
 
     ds = cfg.actor_rollout_ref.actor.deepspeed
     model = load_hf_model(cfg.actor_rollout_ref.model, torch_dtype(ds))
     if ds.zero_stage == 3 and ds.zero3_leaf_modules:
         mark_zero3_leaves(model)
     conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
-                           grad_clip=1.0, on_cuda=not on_cpu())
+                           grad_clip=1.0, on_cuda=not on_cpu(),
+                           model_size=model_size_of(model) if ds.zero_stage == 3 else None)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
     engine.train()
     ids = ids.to(engine.device)
@@ -232,6 +240,11 @@ def _child(args: argparse.Namespace) -> None:
     else:
         measured = _fsdp2(args, cfg, batch["input_ids"])
     step_s = statistics.median(measured)
+    zero3 = getattr(engine, "optimizer", None)
+    if rank == 0 and hasattr(zero3, "prefetch_elements"):
+        # The sizes the ZeRO-3 optimizer really took (into the case's log).
+        print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
+              f"persistence={zero3.parameter_offload.param_numel_persistence_threshold}", flush=True)
     mem = memory_metrics()
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"step_s": step_s, "alloc": mem["perf/max_memory_allocated_gb"],

@@ -78,13 +78,14 @@ class DeepSpeedConfig:
     step_each_micro: bool | None = None
     """Call ``engine.step()`` after every micro-batch; None reads VERL_DS_ZERO2_STEP_EACH_MICRO."""
     reduce_bucket_size: int | None = None
-    """DeepSpeed reduce bucket size (elements); None: 5e8 (DeepSpeed's) at ZeRO-1/2, size-aware at ZeRO-3."""
+    """DeepSpeed reduce bucket size (elements); None: 5e8 (DeepSpeed's), size-aware at ZeRO-3 with ``zero3_size_aware``."""
     stage3_prefetch_bucket_size: int | None = None
-    """ZeRO-3 elements fetched ahead; None: size-aware (``repro.zero3_defaults``)."""
+    """ZeRO-3 elements fetched ahead; None: DeepSpeed's 5e7, or size-aware with ``zero3_size_aware``."""
     stage3_param_persistence_threshold: int | None = None
-    """ZeRO-3: parameters below this many elements stay whole on every rank; None: size-aware."""
-    zero3_size_aware: bool = True
-    """ZeRO-3: fill the unset sizes above from the model's hidden size (``repro.zero3_defaults``); False: DeepSpeed's."""
+    """ZeRO-3: parameters below this many elements stay whole on every rank; None: 1e5, or size-aware."""
+    zero3_size_aware: bool = False
+    """ZeRO-3: fill the unset sizes above from the model's hidden size (``repro.zero3_defaults``); False (the
+    default, measured in results/bench/zero3_defaults.md: no faster at the Qwen3-0.6B shape): DeepSpeed's."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
     torch_adam: bool | None = None

@@ -52,7 +52,7 @@ def test_unset_zero3_sizes_equal_transformers_auto_values(hidden, params):
     sizes = zero3_sizes(UNSET, ModelSize(hidden, params))
     assert {k: s.value for k, s in sizes.items()} == _transformers_auto(hidden)
     assert {s.source for s in sizes.values()} == {"size-aware"}
-    zero = _zero(DeepSpeedConfig(zero_stage=3), ModelSize(hidden, params))
+    zero = _zero(DeepSpeedConfig(zero_stage=3, zero3_size_aware=True), ModelSize(hidden, params))
     assert {k: zero[k] for k in SIZE_KEYS} == _transformers_auto(hidden)
 
 
@@ -77,6 +77,15 @@ def test_user_values_always_win(user, hidden, size_aware):
             assert zero[key] == (rule[key] if size_aware else DEEPSPEED[key])
 
 
+def test_zero3_keeps_deepspeeds_values_by_default_as_measured():
+    # results/bench/zero3_defaults.md: the size-aware sizes were no faster at the Qwen3-0.6B shape.
+    assert DeepSpeedConfig().zero3_size_aware is False
+    zero = _zero(DeepSpeedConfig(zero_stage=3), ModelSize(1024, 6 * 10**8))
+    assert {k: zero[k] for k in SIZE_KEYS} == DEEPSPEED
+    sizes = zero3_sizes(UNSET, ModelSize(1024, 6 * 10**8), enabled=False)
+    assert "zero3_defaults.md" in sizes["reduce_bucket_size"].why
+
+
 def test_without_a_model_size_or_switched_off_zero3_keeps_deepspeeds_values():
     for size, enabled in ((None, True), (ModelSize(1024, 6 * 10**8), False)):
         sizes = zero3_sizes(UNSET, size, enabled)
@@ -87,7 +96,7 @@ def test_without_a_model_size_or_switched_off_zero3_keeps_deepspeeds_values():
 
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero1_and_2_never_get_size_aware_sizes(stage):
-    zero = _zero(DeepSpeedConfig(zero_stage=stage), ModelSize(1024, 6 * 10**8))
+    zero = _zero(DeepSpeedConfig(zero_stage=stage, zero3_size_aware=True), ModelSize(1024, 6 * 10**8))
     assert zero["reduce_bucket_size"] == DEEPSPEED_REDUCE_BUCKET_SIZE
     assert not any(key.startswith("stage3_") for key in zero)
     assert _zero(DeepSpeedConfig(zero_stage=stage, reduce_bucket_size=7), None)["reduce_bucket_size"] == 7
@@ -138,8 +147,9 @@ def test_model_size_from_a_module_and_from_its_folder_agree(tmp_path):
         ModelSize(0, 1)
 
 
-@pytest.mark.parametrize("prefetch", [None, 123])
-def test_plan_shows_each_zero3_size_and_the_json_the_engine_builds_from_the_loaded_model(tmp_path, prefetch):
+@pytest.mark.parametrize(("size_aware", "prefetch"), [(True, None), (True, 123), (False, None)])
+def test_plan_shows_each_zero3_size_and_the_json_the_engine_builds_from_the_loaded_model(tmp_path, size_aware,
+                                                                                         prefetch):
     from repro.batching import plan_role_batch
     from repro.config_loader import load_config
     from repro.data.tiny_model import build_model, toy_qwen3_config
@@ -149,7 +159,8 @@ def test_plan_shows_each_zero3_size_and_the_json_the_engine_builds_from_the_load
     build_model(toy_qwen3_config()).save_pretrained(tmp_path, safe_serialization=True)
     extra = [] if prefetch is None else [f"actor_rollout_ref.actor.deepspeed.stage3_prefetch_bucket_size={prefetch}"]
     cfg = load_config(["actor_rollout_ref.actor.deepspeed.zero_stage=3", f"actor_rollout_ref.model.path={tmp_path}",
-                       *extra], config_name="grpo_tiny")
+                       f"actor_rollout_ref.actor.deepspeed.zero3_size_aware={size_aware}", *extra],
+                      config_name="grpo_tiny")
     plan = effective_plan(cfg, on_cuda=False)
     actor = cfg.actor_rollout_ref.actor
     # What RoleEngine passes: the size of the model it loaded.
@@ -159,6 +170,10 @@ def test_plan_shows_each_zero3_size_and_the_json_the_engine_builds_from_the_load
     assert plan["actor"]["deepspeed"] == engine_json
     h = toy_qwen3_config().hidden_size
     sizes = plan["actor"]["zero3_sizes"]
+    if not size_aware:
+        assert {k: s["value"] for k, s in sizes.items()} == DEEPSPEED
+        assert {s["source"] for s in sizes.values()} == {"deepspeed"}
+        return
     assert sizes["reduce_bucket_size"]["value"] == h * h and sizes["reduce_bucket_size"]["source"] == "size-aware"
     want_prefetch = ("user", 123) if prefetch else ("size-aware", int(0.9 * h * h))
     assert (sizes["stage3_prefetch_bucket_size"]["source"], sizes["stage3_prefetch_bucket_size"]["value"]) == want_prefetch
