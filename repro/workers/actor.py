@@ -102,7 +102,7 @@ class ActorWorker:
             return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
         packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity, one_row=self.varlen) \
             if self.remove_padding else None
-        if packed and self.sp == 1:
+        if packed is not None and self.sp == 1:
             # logits only where a response token is predicted, as the padded path's logits_to_keep
             slots = packed.response_slots(mb["response_mask"])
             logits = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids,
