@@ -65,10 +65,10 @@ def role_batch_plan(cfg: RunConfig, role: str) -> RoleBatchPlan:
 
 
 def role_model_size(cfg: RunConfig, role: str, ds: DeepSpeedConfig) -> Any:
-    """The model size a ZeRO-3 role's engine sizes its buckets from (None below ZeRO-3 or unknown)."""
+    """The model size a size-aware ZeRO-3 role's engine sizes its buckets from (else None; None: unknown)."""
     from repro.zero3_defaults import model_size_for_path
 
-    if ds.zero_stage != 3:
+    if ds.zero_stage != 3 or not ds.zero3_size_aware:
         return None
     model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
     return model_size_for_path(model.path)

@@ -121,7 +121,7 @@ def zero3_sizes(user: dict[str, int | None], size: ModelSize | None, enabled: bo
             "stage3_param_persistence_threshold": (10 * h, f"10*h with h={h}: norms and biases stay whole, "
                                                            "every weight matrix is partitioned"),
         }
-    why_off = ("model size unknown" if size is None else
+    why_off = ("model size unknown" if enabled else
                "deepspeed.zero3_size_aware=false: the size-aware sizes were no faster at the Qwen3-0.6B shape, "
                "results/bench/zero3_defaults.md")
     out: dict[str, Zero3Size] = {}

@@ -168,7 +168,7 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
         mark_zero3_leaves(model)
     conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
                            grad_clip=1.0, on_cuda=not on_cpu(),
-                           model_size=model_size_of(model) if ds.zero_stage == 3 else None)
+                           model_size=model_size_of(model) if ds.zero3_size_aware else None)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
     engine.train()
     ids = ids.to(engine.device)

@@ -168,7 +168,7 @@ class RoleEngine:
         self.ds_config = merge_config(
             build_ds_config(ds, optim or _Optim(), plan, grad_clip=grad_clip, on_cuda=not on_cpu(),
                             trainable=self.trainable,
-                            model_size=model_size_of(module) if ds.zero_stage == 3 else None),
+                            model_size=model_size_of(module) if ds.zero3_size_aware else None),
             ds_overrides,
         )
         self.device = default_device()
