@@ -183,7 +183,10 @@ class PPOTrainer:
                     row.update(reduce_rank_metrics(self._fan("update_critic", batch, _CRITIC_KEYS)))
             if step > cfg.trainer.critic_warmup:
                 with timer("update_actor", timings):
-                    row.update(reduce_rank_metrics(self._fan("update_actor", batch, _ACTOR_KEYS)))
+                    updated = reduce_rank_metrics(self._fan("update_actor", batch, _ACTOR_KEYS))
+                    # verl's row: actor/entropy from the log-prob pass; the update's bonus is actor/entropy_loss.
+                    updated.pop("actor/entropy", None)
+                    row.update(updated)
                 self._weights_stale = True
         row.update(batch_metrics(batch, scores, self.use_critic))
         row.update(timings)

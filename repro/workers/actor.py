@@ -199,8 +199,10 @@ class ActorWorker:
                 }
                 if a.entropy_coeff != 0:
                     # Without an entropy bonus the trainer reports entropy from compute_log_prob.
-                    loss = loss - a.entropy_coeff * agg_loss(entropy, mask, a.loss_agg_mode, **denoms)
+                    entropy_loss = agg_loss(entropy, mask, a.loss_agg_mode, **denoms)
+                    loss = loss - a.entropy_coeff * entropy_loss
                     stats["actor/entropy"] = (entropy.detach() * mask).sum()
+                    stats["actor/entropy_loss"] = entropy_loss.detach() * dp  # verl's name for the bonus term
                 if a.use_kl_loss:
                     kl = kl_penalty(log_prob, mb["ref_log_prob"].float(), a.kl_loss_type)
                     kl_loss = agg_loss(kl, mask, a.loss_agg_mode, **denoms)

@@ -24,7 +24,7 @@ from tests.distributed.test_trainer import ROOT, SMALL, _check_outputs, _env
 ACTOR = "actor_rollout_ref.actor"
 CASES = {
     "rloo-gspo": ["algorithm.adv_estimator=rloo", f"{ACTOR}.policy_loss.loss_mode=gspo",
-                  f"{ACTOR}.loss_agg_mode=seq-mean-token-mean"],
+                  f"{ACTOR}.loss_agg_mode=seq-mean-token-mean", f"{ACTOR}.entropy_coeff=0.001"],
     "rpp-gpg": ["algorithm.adv_estimator=reinforce_plus_plus", f"{ACTOR}.policy_loss.loss_mode=gpg",
                 f"{ACTOR}.loss_agg_mode=token-sum"],
     "rppb-cispo": ["algorithm.adv_estimator=reinforce_plus_plus_baseline", f"{ACTOR}.policy_loss.loss_mode=cispo",
@@ -87,6 +87,8 @@ def test_verl_algorithm_runs_end_to_end(case, runs):
     required = ["critic/advantages/mean", "actor/pg_loss", "actor/grad_norm", "perf/mfu/actor", "perf/mfu/actor_infer"]
     if "use_kl_loss=true" in " ".join(overrides):
         required.append("actor/kl_loss")
+    if "entropy_coeff=0.001" in " ".join(overrides):
+        required += ["actor/entropy_loss", "actor/entropy"]
     if "use_kl_in_reward=true" in overrides:
         required.append("actor/reward_kl_penalty_coeff")
     rows = _check_outputs(out, 2, tuple(required))
