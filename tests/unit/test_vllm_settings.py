@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from repro import vllm_settings
 from repro.config import RunConfig
-from repro.workers import rollout_sampling, vllm_settings
+from repro.workers import rollout_sampling
 
 
 def _cfg(**rollout) -> RunConfig:
@@ -78,3 +79,11 @@ def test_every_row_of_a_call_gets_a_distinct_int64_seed(seed, prompts, n):
     assert len(set(rows)) == prompts * n
     assert all(0 <= r < 2**63 for r in rows)
     assert vllm_settings.request_seeds(seed, prompts, n) == vllm_settings.request_seeds(seed, prompts, n)
+
+
+def test_the_driver_refuses_bad_vllm_keys_before_any_worker_starts():
+    from repro.config_loader import load_config
+
+    with pytest.raises(ValueError, match="load_format='gguf'"):
+        load_config(["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.load_format=gguf",
+                     "trainer.dry_run=true"])

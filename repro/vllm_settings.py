@@ -1,5 +1,8 @@
 """repro's rollout config as vLLM's ``LLM`` and ``SamplingParams`` arguments (pure; imports no vllm).
 
+The one place vLLM's arguments are built (as DeepSpeed's JSON is in ``ds_config``); the driver
+checks them here before any worker starts (``config_rules``), the rollout builds its engine here.
+
 Keys honoured, as verl's seed commands set them: ``gpu_memory_utilization``, ``max_model_len``
 (default prompt + response length), ``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``, ``enforce_eager``, ``load_format`` (verl's ``dummy_*`` names mean
@@ -15,10 +18,12 @@ EOS is passed as a stop token id because the engine runs without a tokenizer (pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.config import RunConfig
-from repro.workers.rollout_sampling import Sampling
+
+if TYPE_CHECKING:
+    from repro.workers.rollout_sampling import Sampling
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 SEED_MODULUS = 2**62  # leaves room for + i * n below 2**63 (torch generators take int64 seeds)
