@@ -7,8 +7,9 @@ Keys honoured, as verl's seed commands set them: ``gpu_memory_utilization``, ``m
 (default prompt + response length), ``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``, ``enforce_eager``, ``load_format`` (verl's ``dummy_*`` names mean
 vLLM's ``dummy``: the weights arrive from the actor before the first generation anyway),
-``free_cache_engine`` (vLLM sleep mode, so the training step gets the memory back) and
-``tensor_model_parallel_size``, which must be 1: one engine per rank, fed by that rank's actor.
+``free_cache_engine`` (vLLM sleep mode, so the training step gets the memory back);
+``tensor_model_parallel_size`` must be 1 (``config_rules``): one engine per rank, fed by that
+rank's actor.
 
 Sampling: ``n`` samples per prompt in one request; each request carries its own seed,
 ``seed + i * n`` for prompt ``i``, and vLLM seeds its ``j``-th child with ``+ j``, so every row
@@ -51,11 +52,6 @@ def engine_kwargs(cfg: RunConfig, *, worker_extension_cls: str | None = None) ->
     """Keyword arguments of ``vllm.LLM`` for this run's rollout."""
     ro = cfg.actor_rollout_ref.rollout
     model = cfg.actor_rollout_ref.model
-    if ro.tensor_model_parallel_size != 1:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tensor_model_parallel_size}: the vllm "
-            "rollout runs one engine per rank (colocated with that rank's actor); set it to 1"
-        )
     if not 0.0 < ro.gpu_memory_utilization < 1.0:
         raise ValueError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: must be in (0, 1)"
