@@ -15,6 +15,7 @@ from typing import Any
 from repro.batching import plan_role_batch
 from repro.config import NO_EFFECT_KEYS, RunConfig, critic_enabled, ref_policy_used
 from repro.ds_config import resolve_offload
+from repro.vllm_settings import engine_kwargs as vllm_engine_kwargs
 
 KNOWN_LOGGERS = ("console", "file")
 # Rollout keys that the vLLM rollout would use; they only warn as no-effect with the hf rollout.
@@ -80,6 +81,8 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
         if not dry:
             raise ValueError(msg)
         notes.append(msg + " (a real run fails here)")
+    if arr.rollout.name == "vllm":
+        vllm_engine_kwargs(cfg)  # refuses bad vLLM keys here, before any worker starts
 
     sections = [("actor_rollout_ref.actor.deepspeed", arr.actor.deepspeed)]
     if use_critic:

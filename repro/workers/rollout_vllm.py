@@ -37,10 +37,11 @@ from typing import Any
 
 import torch
 
+from repro import vllm_settings
 from repro.config import RunConfig
 from repro.devices import default_device, nvml_used_gb
 from repro.workers import rollout_layout as layout
-from repro.workers import rollout_sampling, vllm_settings
+from repro.workers import rollout_sampling
 from repro.workers.weight_buckets import buckets
 
 log = logging.getLogger(__name__)

@@ -5,6 +5,8 @@
   has a non-finite loss or grad norm, and peak memory (torch allocator, NVML) stays within
   ``fixtures/gpu_budgets.json``.
 - ZeRO-1 and ZeRO-3: the same gate at 30 steps with ``SCORE_MARGIN_30``.
+- The vLLM rollout (``rollout.name=vllm``): the ZeRO-2 case at 30 steps with ``SCORE_MARGIN_30``,
+  on ``REPRO_GATE_VLLM_GPUS`` GPUs (default 1); skips without vllm.
 - Qwen3-0.6B shape (random init, bf16, GSM8K prompts from fixtures, char tokenizer): 10 steps;
   memory and throughput budgets; the time split is recorded.
 

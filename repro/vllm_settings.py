@@ -1,11 +1,15 @@
 """repro's rollout config as vLLM's ``LLM`` and ``SamplingParams`` arguments (pure; imports no vllm).
 
+The one place vLLM's arguments are built (as DeepSpeed's JSON is in ``ds_config``); the driver
+checks them here before any worker starts (``config_rules``), the rollout builds its engine here.
+
 Keys honoured, as verl's seed commands set them: ``gpu_memory_utilization``, ``max_model_len``
 (default prompt + response length), ``max_num_seqs``, ``max_num_batched_tokens``,
 ``enable_chunked_prefill``, ``enforce_eager``, ``load_format`` (verl's ``dummy_*`` names mean
 vLLM's ``dummy``: the weights arrive from the actor before the first generation anyway),
-``free_cache_engine`` (vLLM sleep mode, so the training step gets the memory back) and
-``tensor_model_parallel_size``, which must be 1: one engine per rank, fed by that rank's actor.
+``free_cache_engine`` (vLLM sleep mode, so the training step gets the memory back);
+``tensor_model_parallel_size`` must be 1 (``config_rules``): one engine per rank, fed by that
+rank's actor.
 
 Sampling: ``n`` samples per prompt in one request; each request carries its own seed,
 ``seed + i * n`` for prompt ``i``, and vLLM seeds its ``j``-th child with ``+ j``, so every row
@@ -15,10 +19,12 @@ EOS is passed as a stop token id because the engine runs without a tokenizer (pr
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.config import RunConfig
-from repro.workers.rollout_sampling import Sampling
+
+if TYPE_CHECKING:
+    from repro.workers.rollout_sampling import Sampling
 
 LOAD_FORMATS = ("auto", "safetensors", "pt", "dummy")
 SEED_MODULUS = 2**62  # leaves room for + i * n below 2**63 (torch generators take int64 seeds)
@@ -46,11 +52,6 @@ def engine_kwargs(cfg: RunConfig, *, worker_extension_cls: str | None = None) ->
     """Keyword arguments of ``vllm.LLM`` for this run's rollout."""
     ro = cfg.actor_rollout_ref.rollout
     model = cfg.actor_rollout_ref.model
-    if ro.tensor_model_parallel_size != 1:
-        raise ValueError(
-            f"actor_rollout_ref.rollout.tensor_model_parallel_size={ro.tensor_model_parallel_size}: the vllm "
-            "rollout runs one engine per rank (colocated with that rank's actor); set it to 1"
-        )
     if not 0.0 < ro.gpu_memory_utilization < 1.0:
         raise ValueError(
             f"actor_rollout_ref.rollout.gpu_memory_utilization={ro.gpu_memory_utilization}: must be in (0, 1)"

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from repro import vllm_settings
 from repro.config import RunConfig
-from repro.workers import rollout_sampling, vllm_settings
+from repro.workers import rollout_sampling
 
 
 def _cfg(**rollout) -> RunConfig:
@@ -40,7 +41,6 @@ def test_max_model_len_defaults_to_prompt_plus_response():
 
 
 @pytest.mark.parametrize(("rollout", "match"), [
-    ({"tensor_model_parallel_size": 2}, "tensor_model_parallel_size=2"),
     ({"gpu_memory_utilization": 1.0}, "gpu_memory_utilization=1.0"),
     ({"load_format": "gguf"}, "load_format='gguf'"),
     ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64}, "max_num_batched_tokens=64"),
@@ -78,3 +78,14 @@ def test_every_row_of_a_call_gets_a_distinct_int64_seed(seed, prompts, n):
     assert len(set(rows)) == prompts * n
     assert all(0 <= r < 2**63 for r in rows)
     assert vllm_settings.request_seeds(seed, prompts, n) == vllm_settings.request_seeds(seed, prompts, n)
+
+
+@pytest.mark.parametrize(("key", "match"), [
+    ("actor_rollout_ref.rollout.load_format=gguf", "load_format='gguf'"),
+    ("actor_rollout_ref.rollout.tensor_model_parallel_size=2", "tensor_model_parallel_size=2"),
+])
+def test_the_driver_refuses_bad_vllm_keys_before_any_worker_starts(key, match):
+    from repro.config_loader import load_config
+
+    with pytest.raises(ValueError, match=match):
+        load_config(["actor_rollout_ref.rollout.name=vllm", key, "trainer.dry_run=true"])
