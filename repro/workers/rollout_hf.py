@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 
-from repro.batch import Batch, padded_batch
 from repro.config import RunConfig
 from repro.devices import default_device
 
@@ -142,7 +141,7 @@ class HFRollout:
         response_length: int | None = None,
         prompt_pad_to: int | None = None,
         micro_batch_size: int | None = None,
-    ) -> Batch:
+    ) -> dict[str, torch.Tensor]:
         """Sample ``n`` responses per prompt; sample ``j`` of prompt ``i`` is row ``i * n + j``."""
         ro = self.cfg.actor_rollout_ref.rollout
         temperature = ro.temperature if temperature is None else temperature
@@ -184,7 +183,16 @@ class HFRollout:
 
         response_mask = self._response_mask(responses)
         responses = responses.masked_fill(response_mask == 0, self.pad_id)
-        return padded_batch(prompts, prompt_mask, responses, response_mask)
+        input_ids = torch.cat([prompts, responses], dim=1)
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+        }
 
     def _response_mask(self, responses: torch.Tensor) -> torch.Tensor:
         """1 up to and including the first EOS (everything when there is none), 0 after."""
