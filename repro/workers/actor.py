@@ -164,7 +164,7 @@ class ActorWorker:
         capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, token_weights = [], []
         for mini in minis:
-            denoms = mini.denominators
+            denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
                 mask = mb["response_mask"].to(torch.float32)

@@ -36,11 +36,6 @@ class MiniBatch:
     at least 1)."""
     local_tokens: float
 
-    @property
-    def denominators(self) -> dict[str, float]:
-        """The loss functions' ``token_denominator`` and ``seq_denominator`` (each at least 1)."""
-        return {"token_denominator": max(self.global_tokens, 1.0), "seq_denominator": self.global_seqs}
-
 
 def plan_mini_batches(
     batch: Batch,

@@ -37,7 +37,6 @@ def test_every_sample_is_in_one_micro_batch_per_epoch_and_counts_match_the_masks
         rows = [int(r) for mb in m.micro_batches for r in mb["row"]]
         assert m.global_tokens == m.local_tokens == sum(lens[r] for r in rows)
         assert m.global_seqs == max(sum(lens[r] > 0 for r in rows), 1)
-        assert m.denominators == {"token_denominator": max(m.global_tokens, 1.0), "seq_denominator": m.global_seqs}
         if dynamic:
             assert all(int(mb["attention_mask"].sum(-1).max()) <= budget for mb in m.micro_batches)
         else:
