@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from repro.config.fields import MODEL_DTYPES, OFFLOAD_CHOICES, ZERO_STAGES
-
 if TYPE_CHECKING:
     from repro.batching import RoleBatchPlan
     from repro.config import DeepSpeedConfig, OptimConfig
@@ -52,10 +50,10 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
     (it is never turned into CPU offload behind the user's back). ``key`` is the config section
     that errors name (e.g. ``critic.deepspeed_config``).
     """
-    if zero_stage not in ZERO_STAGES:
-        raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of {list(ZERO_STAGES)}")
-    if offload not in OFFLOAD_CHOICES:
-        raise ValueError(f"deepspeed.offload={offload!r} is not valid; choose one of {list(OFFLOAD_CHOICES)}")
+    if zero_stage not in (1, 2, 3):
+        raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of [1, 2, 3]")
+    if offload not in ("none", "cpu", "nvme", "auto"):
+        raise ValueError(f"deepspeed.offload={offload!r} is not valid; choose one of ['none', 'cpu', 'nvme', 'auto']")
     device = "cpu" if offload == "auto" else offload
     if device == "none":
         return OffloadPlan("none", "none", None, None)
@@ -79,8 +77,8 @@ def resolve_model_dtype(model_dtype: str, on_cuda: bool) -> str:
     """``bfloat16`` or ``float32``; ``auto`` is bf16 on CUDA and fp32 on CPU."""
     if model_dtype == "auto":
         return "bfloat16" if on_cuda else "float32"
-    if model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"deepspeed.model_dtype={model_dtype!r} is not valid; choose one of {list(MODEL_DTYPES)}")
+    if model_dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"deepspeed.model_dtype={model_dtype!r} is not valid; choose one of ['auto', 'bfloat16', 'float32']")
     return model_dtype
 
 

@@ -160,7 +160,7 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
     if ds.zero_stage == 3 and ds.zero3_leaf_modules:
         mark_zero3_leaves(model)
     conf = build_ds_config(ds, cfg.actor_rollout_ref.actor.optim, plan_role_batch(cfg, "actor"),
-                           grad_clip=1.0, on_cuda=not on_cpu())
+                           grad_clip=1.0, on_cuda=os.environ.get("DS_ACCELERATOR") != "cpu")
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=conf)
     engine.train()
     ids = ids.to(engine.device)
