@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from repro.algorithms import agg_loss, kl_penalty
-from repro.batch import Batch, num_samples, select, to_device
+from repro.batch import Batch, num_samples, select
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config_rules import check_inactive_skip
@@ -138,9 +138,8 @@ class ActorWorker:
         else:
             micro, dynamic, budget = (rollout.log_prob_micro_batch_size_per_gpu, rollout.log_prob_use_dynamic_bsz,
                                       rollout.log_prob_max_token_len_per_gpu)
-        batch = to_device(batch, self.engine.device)
+        batch = ulysses.rank_batch(batch, self.sp, self.engine.device)
         if self.sp > 1:
-            batch = ulysses.gather_rows(batch, self.sp)
             budget *= self.sp  # an SP group forwards its ranks' samples together (verl's scaling)
         splits = forward_micro_batches(batch, micro or (None if dynamic else self.plan.micro),
                                        budget if dynamic else None)
@@ -166,9 +165,7 @@ class ActorWorker:
         if self.role != "actor":
             raise ValueError("update_policy called on the frozen reference policy (role='ref')")
         a = self.acfg
-        batch = to_device(batch, self.engine.device)
-        if self.sp > 1:
-            batch = ulysses.gather_rows(batch, self.sp)
+        batch = ulysses.rank_batch(batch, self.sp, self.engine.device)
         if a.use_kl_loss and "ref_log_prob" not in batch:
             raise ValueError("actor_rollout_ref.actor.use_kl_loss=True needs 'ref_log_prob' in the batch")
         minis = update_mini_batches(batch, self.plan, a, self.cfg.data.seed, self.updates, self.sp)

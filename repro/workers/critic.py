@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from repro.algorithms import compute_value_loss, masked_mean
-from repro.batch import Batch, num_samples, select, to_device
+from repro.batch import Batch, num_samples, select
 from repro.batching import plan_role_batch
 from repro.config import RunConfig, resolve_env_knobs
 from repro.distributed import init_distributed
@@ -64,9 +64,7 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> dict[str, torch.Tensor]:
         """Values of the response positions, zero on padding, ``[B, R]``."""
         c = self.ccfg
-        batch = to_device(batch, self.engine.device)
-        if self.sp > 1:
-            batch = ulysses.gather_rows(batch, self.sp)
+        batch = ulysses.rank_batch(batch, self.sp, self.engine.device)
         micro = c.forward_micro_batch_size_per_gpu or c.ppo_micro_batch_size_per_gpu or None
         budget = c.forward_max_token_len_per_gpu * self.sp if c.use_dynamic_bsz else None
         splits = forward_micro_batches(batch, micro, budget)
@@ -81,9 +79,7 @@ class CriticWorker:
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """PPO epochs of clipped value-loss updates: one optimizer update per mini-batch."""
         c = self.ccfg
-        batch = to_device(batch, self.engine.device)
-        if self.sp > 1:
-            batch = ulysses.gather_rows(batch, self.sp)
+        batch = ulysses.rank_batch(batch, self.sp, self.engine.device)
         minis = update_mini_batches(batch, self.plan, c, self.cfg.data.seed, self.updates, self.sp)
         dp = float(self.world_size // self.sp)
         capacity = self.plan.max_token_len if self.plan.dynamic else None

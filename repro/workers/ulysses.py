@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batch import Batch
+from repro.batch import Batch, to_device
 
 
 def _block_causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -115,6 +115,12 @@ def gather_rows(batch: Batch, sp: int) -> Batch:
         dist.all_gather(parts, v.contiguous(), group=g)
         out[k] = torch.cat(parts)
     return out
+
+
+def rank_batch(batch: Batch, sp: int, device: torch.device) -> Batch:
+    """What a rank computes on: ``batch`` on ``device``, with ``sp > 1`` its SP group's shares joined."""
+    batch = to_device(batch, device)
+    return gather_rows(batch, sp) if sp > 1 else batch
 
 
 def own_rows(tensor: torch.Tensor, sp: int) -> torch.Tensor:
