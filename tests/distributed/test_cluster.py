@@ -34,8 +34,12 @@ class RankProbe:
         return float(t.item())
 
 
+# One worker runs the module, so its tests share one group.
+pytestmark = pytest.mark.xdist_group("test_cluster")
+
+
 @pytest.fixture(scope="module")
-def group():
+def group(ray_head):
     import ray
 
     from repro.cluster import WorkerGroup, shutdown_ray
@@ -43,6 +47,7 @@ def group():
     cfg = RunConfig()
     cfg.trainer.n_gpus_per_node = 2
     cfg.trainer.device = "cpu"
+    cfg.trainer.ray_address = ray_head
     g = WorkerGroup(cfg, RankProbe, "probe")
     try:
         yield g

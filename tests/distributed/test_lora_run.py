@@ -20,10 +20,10 @@ LORA = [
 
 
 @pytest.mark.slow  # a 30-step job of the full grpo_tiny batch: about 45 s on 2 quiet cores
-def test_grpo_with_lora_actor_learns(tmp_path):
+def test_grpo_with_lora_actor_learns(tmp_path, ray_head):
     out = tmp_path / "lora"
     cmd = [sys.executable, "-c", RUNNER, "grpo_tiny", *LORA, f"trainer.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, ray_head), capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     rows = MetricsLog(out / "metrics.tsv").rows
     scores = [r["critic/score/mean"] for r in rows]

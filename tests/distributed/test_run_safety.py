@@ -30,15 +30,21 @@ def _cmd(*overrides: str) -> list[str]:
     return [sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, *overrides]
 
 
-def _env(outputs: Path) -> dict[str, str]:
+def _env(outputs: Path, ray_address: str | None = None) -> dict[str, str]:
+    """The job's environment. Jobs whose own Ray processes a test watches (interrupts, a killed
+    rank) start their own cluster; the others may join the worker's shared head (``ray_head``)."""
     env = dict(os.environ)
     env["REPRO_OUTPUTS_DIR"] = str(outputs)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    if ray_address:
+        env["RAY_ADDRESS"] = ray_address
     return env
 
 
-def _run(cmd: list[str], outputs: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=_env(outputs), capture_output=True, text=True, timeout=timeout)
+def _run(cmd: list[str], outputs: Path, timeout: float = 240, ray_address: str | None = None
+         ) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=ROOT, env=_env(outputs, ray_address), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _job_processes(driver: int, outputs: Path) -> set[psutil.Process]:
@@ -87,7 +93,7 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> 
 # SIGINT to the driver alone is the "ctrl-c" case minus the ranks' own copy of the signal; the two
 # kept here are the two ways a run is really stopped (a terminal, a scheduler's SIGTERM).
 @pytest.mark.parametrize("how", ["SIGTERM", "ctrl-c"])
-def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(how, tmp_path):
+def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(how, tmp_path, ray_head):
     """``ctrl-c`` is what a terminal does: SIGINT to the whole foreground process group."""
     outputs = tmp_path / "outputs"
     common = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
@@ -136,7 +142,7 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     print(f"changed config refused in {refuse_s:.1f} s: {err[0]}")
 
     # The same command resumes the same folder and finishes it.
-    done = _run(_cmd(*common), outputs)
+    done = _run(_cmd(*common), outputs, ray_address=ray_head)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "took over" not in done.stderr
     assert [r["step"] for r in MetricsLog(run_dir / "metrics.tsv").rows] == [1, 2, 3, 4]
@@ -145,10 +151,11 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
 
 
 @pytest.mark.slow  # two real jobs: about 2 minutes on 2 cores
-def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_path):
+def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_path, ray_head):
     outputs = tmp_path / "outputs"
     first = tmp_path / "first"
-    ran = _run(_cmd("trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.output_dir={first}"), outputs)
+    ran = _run(_cmd("trainer.total_training_steps=2", "trainer.save_freq=2", f"trainer.output_dir={first}"), outputs,
+               ray_address=ray_head)
     assert ran.returncode == 0, ran.stderr[-4000:]
     ckpt = first / "checkpoints" / "global_step_2"
     second = tmp_path / "second"
@@ -156,7 +163,8 @@ def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_
             f"trainer.resume_from_path={ckpt}", f"trainer.output_dir={second}"]
     refused = _run(_cmd(*args), outputs, timeout=60)
     assert refused.returncode == 2 and "optim.lr: 0.0001 -> 0.0002" in refused.stderr
-    ran = _run(_cmd(*args, "trainer.allow_config_change=[actor_rollout_ref.actor.optim.lr]"), outputs)
+    ran = _run(_cmd(*args, "trainer.allow_config_change=[actor_rollout_ref.actor.optim.lr]"), outputs,
+               ray_address=ray_head)
     assert ran.returncode == 0, ran.stderr[-4000:]
     state = json.loads((second / "run.json").read_text())
     assert state["config_changes"] == [{"resumed_from": str(ckpt), "step": 2, "changed": {
@@ -176,12 +184,13 @@ def _tiny_policy_copy(dest: Path) -> Path:
     return dest
 
 
-def test_an_error_inside_a_rank_reaches_the_user_as_one_line_with_rank_host_and_log(tmp_path):
+def test_an_error_inside_a_rank_reaches_the_user_as_one_line_with_rank_host_and_log(tmp_path, ray_head):
     model = _tiny_policy_copy(tmp_path / "model")
     weights = next(model.glob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:100])  # a truncated download: the driver cannot tell
     out = tmp_path / "run"
-    ran = _run(_cmd(f"actor_rollout_ref.model.path={model}", f"trainer.output_dir={out}"), tmp_path / "outputs")
+    ran = _run(_cmd(f"actor_rollout_ref.model.path={model}", f"trainer.output_dir={out}"), tmp_path / "outputs",
+               ray_address=ray_head)
     assert ran.returncode == 1, ran.stderr[-4000:]
     err = [ln for ln in ran.stderr.splitlines() if ln.startswith("error:")]
     assert len(err) == 1, ran.stderr[-4000:]

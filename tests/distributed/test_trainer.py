@@ -122,13 +122,15 @@ def _wait_for_checkpoint(proc: subprocess.Popen, marker: Path, step: int, timeou
 
 
 @pytest.mark.slow  # three real jobs (two at once): about 90-105 s on 2 cores
-def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
+def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path, ray_head):
     # Killed after the step-2 checkpoint; the resumed run does step 3 (and saves at the last step).
     common = ["trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=-1"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     # The uninterrupted reference runs alongside the run that gets killed (start-up dominates).
+    # Only the victim starts a Ray cluster of its own: kill -9 of its session takes all of it down.
     reference = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={straight}"]), cwd=ROOT,
-                                 env=_env(tmp_path / "ref"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 env=_env(tmp_path / "ref", ray_head), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT,
                                  text=True, start_new_session=True)
     victim = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={resumed}"]), cwd=ROOT,
                               env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -143,7 +145,7 @@ def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path):
     assert reference.returncode == 0, ref_out[-6000:]
     assert '"status": "running"' in (resumed / "run.json").read_text()
 
-    _run("grpo_tiny", common + [f"trainer.output_dir={resumed}"], tmp_path)
+    _run("grpo_tiny", common + [f"trainer.output_dir={resumed}"], tmp_path, ray_address=ray_head)
     assert "resumed from" in (resumed / "train.log").read_text()
     a = MetricsLog(straight / "metrics.tsv").rows
     b = MetricsLog(resumed / "metrics.tsv").rows

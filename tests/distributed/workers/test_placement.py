@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed.workers.helpers import make_cfg, make_model_dir, make_step_batch, shard
-from tests.multirank import run_ranks
 
 CASES = [  # (stage, offload, param_offload) -> (optimizer placement, parameter placement)
     ((1, "none", False), ("device", "device")),
     ((1, "cpu", False), ("cpu_offload", "device")),
+    ((2, "none", False), ("device", "device")),
     ((2, "cpu", False), ("cpu_offload", "device")),
     ((3, "none", False), ("device", "device")),
     ((3, "cpu", True), ("cpu_offload", "cpu_offload")),
@@ -37,9 +37,9 @@ def _placements(rank: int, world: int, model_dir: str) -> list[tuple[str, str, d
 
 
 @pytest.mark.distributed
-def test_engine_placement_per_zero_case_and_zero1_offloads(tmp_path):
+def test_engine_placement_per_zero_case_and_zero1_offloads(pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
-    results = run_ranks(_placements, 2, tmp_path=tmp_path, args=(model_dir,), timeout_s=120)
+    results = pooled(_placements, 2, args=(model_dir,), timeout_s=120)
     for rank_result in results:
         for (case, want), (opt, param, metrics) in zip(CASES, rank_result, strict=True):
             assert (opt, param) == want, case

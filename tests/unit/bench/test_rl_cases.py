@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from repro.bench.__main__ import main
+from repro.bench.__main__ import _parser, main
 from repro.bench.rl_cases import SIX_CASES, case_command, case_env, crossover_cases, crossover_comparisons
 from repro.config_loader import load_config
 
@@ -25,6 +25,11 @@ def test_six_cases_configure_actor_and_critic_and_the_param_offload_knob():
         for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.critic.deepspeed_config):
             assert (ds.zero_stage, ds.offload) == (case.zero_stage, case.offload)
             assert ds.param_offload == (case.name == "zero3_cpu_offload")
+
+
+def test_six_case_runs_all_six_cases_unless_told_otherwise():
+    assert _parser().parse_args(["six-case"]).cases.split(",") == [c.name for c in SIX_CASES]
+    assert len(SIX_CASES) == 6
 
 
 def test_crossover_cases_and_comparisons_per_step_mode():
