@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 from repro.bench.workers import _free_port, _model_config, _sync, add_case_process_args, make_model_dir
+from repro.devices import on_cpu
 
 CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
 COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
@@ -120,7 +121,7 @@ def _child(args: argparse.Namespace) -> None:
         _sync()
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times[args.warmup:])
-    on_gpu = torch.cuda.is_available() and os.environ.get("DS_ACCELERATOR") != "cpu"
+    on_gpu = not on_cpu()
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,

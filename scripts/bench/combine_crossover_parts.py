@@ -3,9 +3,17 @@ finished its missing cases, and write summary/compare/overall.tsv as `python -m 
 
     PYTHONPATH=$PWD python scripts/bench/combine_crossover_parts.py
 """
-import sys
-from repro.bench.summary import COMPARE_COLUMNS, OVERALL_COLUMNS, SUMMARY_COLUMNS, overall_rows, paired_deltas, read_tsv, write_tsv
 from repro.bench.rl_cases import crossover_comparisons
+from repro.bench.summary import (
+    COMPARE_COLUMNS,
+    OVERALL_COLUMNS,
+    SUMMARY_COLUMNS,
+    overall_rows,
+    paired_deltas,
+    read_tsv,
+    write_tsv,
+)
+
 d = "results/bench/crossover/"
 rows = read_tsv(d + "summary_part1.tsv") + read_tsv(d + "summary_part2.tsv")
 for r in rows:  # read_tsv gives strings; the summary math wants numbers

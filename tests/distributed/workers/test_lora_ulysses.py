@@ -94,7 +94,7 @@ def test_lora_with_sp2_equals_single_process_peft(multirank, tmp_path, stage):
     model_dir = make_model_dir(tmp_path / "model")
     results = multirank(_run, 2, timeout_s=150, args=(model_dir, stage))
     # dp=1: both SP ranks hold the whole model; they must start from the same adapters.
-    for a, b in zip(results[0], results[1]):
+    for a, b in zip(results[0], results[1], strict=True):
         assert all(torch.equal(a["adapters0"][k], b["adapters0"][k]) for k in a["adapters0"])
     want_adapters, want_merged, want_log_probs, want_norms = _reference(model_dir, stage, results[0][0]["adapters0"])
     probe = make_step_batch(77, SAMPLES)
