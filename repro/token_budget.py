@@ -7,7 +7,7 @@ collectives); the loss is then normalised by the global token count (``repro.bat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 
 def split_micro_batches_by_tokens(
@@ -38,7 +38,7 @@ def split_micro_batches_by_tokens(
             raise ValueError(f"num_micro_batches={num_micro_batches} for an empty batch")
         return []
     order = sorted(range(len(lens)), key=lambda i: (-lens[i], i))
-    minimum = len(_first_fit_decreasing(lens, order, max_tokens))
+    minimum = len(first_fit(lens, max_tokens, order))
     k = minimum if num_micro_batches is None else int(num_micro_batches)
     if not minimum <= k <= len(lens):
         raise ValueError(
@@ -47,7 +47,7 @@ def split_micro_batches_by_tokens(
         )
     bins = _balanced(lens, order, max_tokens, k)
     if bins is None:
-        bins = _split_to(_first_fit_decreasing(lens, order, max_tokens), lens, k)
+        bins = _split_to(first_fit(lens, max_tokens, order), lens, k)
     return sorted((sorted(b) for b in bins), key=lambda b: b[0])
 
 
@@ -78,18 +78,25 @@ def equalize_micro_batch_counts(
     return [split_micro_batches_by_tokens(lens, max_tokens, count) for lens in per_rank_seq_lens]
 
 
-def _first_fit_decreasing(lens: list[int], order: list[int], cap: int) -> list[list[int]]:
+def first_fit(lengths: Sequence[int], capacity: int | None, order: Iterable[int] | None = None) -> list[list[int]]:
+    """Indices per bin: each item, in ``order`` (default: as given), into the first bin with room
+    (``capacity`` None: one bin). An item longer than ``capacity`` gets a bin of its own.
+
+    Shared by the token-budget micro-batching here (longest first) and the packing of a
+    micro-batch's samples into rows (``repro.workers.packing``, in batch order).
+    """
     bins: list[list[int]] = []
     loads: list[int] = []
-    for i in order:
+    for i in range(len(lengths)) if order is None else order:
+        n = lengths[i]
         for b, load in enumerate(loads):
-            if load + lens[i] <= cap:
+            if capacity is None or load + n <= capacity:
                 bins[b].append(i)
-                loads[b] += lens[i]
+                loads[b] += n
                 break
         else:
             bins.append([i])
-            loads.append(lens[i])
+            loads.append(n)
     return bins
 
 

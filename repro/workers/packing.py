@@ -21,30 +21,11 @@ head and log-softmax do not run over the prompts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-
-def first_fit(lengths: Sequence[int], capacity: int | None) -> list[list[int]]:
-    """Sample indices per row: each sample into the first row with room (``None``: one row).
-
-    A sample longer than ``capacity`` gets a row of its own (the token budget already bounds a
-    micro-batch, so this only happens with a budget below one sample).
-    """
-    rows: list[list[int]] = []
-    room: list[int] = []
-    for i, n in enumerate(lengths):
-        for r, free in enumerate(room):
-            if capacity is None or n <= free:
-                rows[r].append(i)
-                room[r] -= n
-                break
-        else:
-            rows.append([i])
-            room.append((capacity - n) if capacity is not None else 0)
-    return rows
+from repro.token_budget import first_fit
 
 
 @dataclass

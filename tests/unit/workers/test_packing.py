@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.workers.packing import first_fit, pack
+from repro.token_budget import first_fit
+from repro.workers.packing import pack
 
 
 @settings(max_examples=50, deadline=None)
