@@ -60,6 +60,14 @@ def reduce_rank_metrics(per_rank: Iterable[Mapping[str, float]]) -> dict[str, fl
     return out
 
 
+def throughput_metrics(attention_mask: torch.Tensor, step_seconds: float, n_gpus: int) -> dict[str, float]:
+    """verl's ``compute_throughout_metrics``: every token of the step (prompts and responses) per
+    second of the step and per GPU (rank)."""
+    tokens = int(attention_mask.sum().item())
+    return {"perf/total_num_tokens": tokens, "perf/time_per_step": step_seconds,
+            "perf/throughput": tokens / (step_seconds * n_gpus)}
+
+
 def masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor | None = None,
                  empty: float = 0.0) -> dict[str, float]:
     """``<prefix>/mean|max|min`` of ``values`` (over ``mask`` where given; ``empty`` when none is)."""

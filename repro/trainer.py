@@ -40,6 +40,7 @@ from repro.metrics import (
     plot_curves,
     reduce_rank_metrics,
     summarize,
+    throughput_metrics,
     timer,
     write_summary,
 )
@@ -192,10 +193,7 @@ class PPOTrainer:
         row.update(timings)
         row.update(timing_per_token_ms(batch, timings))
         row["perf/cpu_memory_used_gb"] = psutil.virtual_memory().used / 2**30
-        tokens = int(batch["attention_mask"].sum().item())
-        row["perf/total_num_tokens"] = tokens
-        row["perf/time_per_step"] = timings["timing_s/step"]
-        row["perf/throughput"] = tokens / (timings["timing_s/step"] * world)
+        row.update(throughput_metrics(batch["attention_mask"], timings["timing_s/step"], world))
         row["training/global_step"] = step
         row["training/epoch"] = (step - 1) // self.steps_per_epoch
         return row

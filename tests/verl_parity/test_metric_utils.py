@@ -70,3 +70,18 @@ def test_timing_per_token_equals_verls(rollout, seconds, drop):
     assert ours.keys() == theirs.keys()
     for key, value in theirs.items():
         close(ours[key], value)
+
+
+@given(rollout=rollouts(), seconds=st.floats(1e-3, 100.0), n_gpus=st.integers(1, 16))
+def test_throughput_equals_verls(rollout, seconds, n_gpus):
+    from verl.trainer.ppo.metric_utils import compute_throughout_metrics
+
+    from repro.metrics import throughput_metrics
+
+    batch, _ = rollout
+    data = DataProto.from_dict(batch, meta_info={"global_token_num": batch["attention_mask"].sum(-1).tolist()})
+    theirs = compute_throughout_metrics(data, {"step": seconds}, n_gpus)
+    ours = throughput_metrics(batch["attention_mask"], seconds, n_gpus)
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        close(ours[key], value)
