@@ -68,6 +68,7 @@ def runs(request, tmp_path_factory, ray_head) -> Path:
     root = tmp_path_factory.mktemp("verl_algorithms")
     selected = [item.callspec.params["case"] for item in request.session.items
                 if getattr(item, "originalname", None) == "test_verl_algorithm_runs_end_to_end"]
+    # The case's overrides after COMMON: remax turns validation on (trainer.test_freq=2).
     jobs = [(str(root / f"{case}.status"), [*SMALL, *COMMON, *CASES[case], f"trainer.output_dir={root / case}"])
             for case in selected]
     proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs)], cwd=ROOT, env=_env(root, ray_head),
