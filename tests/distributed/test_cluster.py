@@ -34,10 +34,6 @@ class RankProbe:
         return float(t.item())
 
 
-# One worker runs the module, so its tests share one group.
-pytestmark = pytest.mark.xdist_group("test_cluster")
-
-
 @pytest.fixture(scope="module")
 def group(ray_head):
     import ray

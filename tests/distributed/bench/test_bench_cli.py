@@ -20,9 +20,11 @@ FAST = ["-cn", "grpo_tiny", "trainer.test_freq=0", "trainer.val_before_train=Fal
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _bench(tmp_path: Path, args: list[str], fail_first: str = "") -> tuple[subprocess.CompletedProcess, Path]:
+def _bench(tmp_path: Path, args: list[str], ray_address: str,
+           fail_first: str = "") -> tuple[subprocess.CompletedProcess, Path]:
+    # Every case's job joins the worker's shared Ray head instead of starting a cluster of its own.
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
-               REPRO_BENCH_FAIL_FIRST=fail_first)
+               REPRO_BENCH_FAIL_FIRST=fail_first, RAY_ADDRESS=ray_address)
     env.pop("VERL_DS_ZERO2_STEP_EACH_MICRO", None)
     cmd = [sys.executable, "-m", "repro.bench", *args, "--steps", "2", "--outputs-root", str(tmp_path),
            "--run-tag", "t", "--", *FAST]
@@ -40,12 +42,20 @@ def _check_row(row: dict[str, str]) -> None:
     assert float(row["avg_throughput_tail5"]) > 0
 
 
-def test_six_case_runs_every_case_reads_placement_and_records_a_retry(tmp_path):
-    proc, out = _bench(tmp_path, ["six-case", "--seed", "3"], fail_first="zero2_no_offload")
+# Three of the six cases run here, one per distinct path: the forced failure and retry, ZeRO-1's
+# optimizer offload, and ZeRO-3 parameter offload through its environment knob. Every case's
+# command line and config are checked in tests/unit/bench/test_rl_cases.py (with the default
+# --cases being all six), and the placement each case gives real engines, all six, in
+# tests/distributed/workers/test_placement.py: the other three would repeat a ~20 s job each.
+RUN_CASES = ["zero2_no_offload", "zero1_cpu_offload", "zero3_cpu_offload"]
+
+
+def test_six_case_runs_the_named_cases_reads_placement_and_records_a_retry(tmp_path, ray_head):
+    proc, out = _bench(tmp_path, ["six-case", "--seed", "3", "--cases", ",".join(RUN_CASES)], ray_head,
+                       fail_first="zero2_no_offload")
     rows = {r["case"]: r for r in read_tsv(out / "summary.tsv")}
     assert list(read_tsv(out / "summary.tsv")[0]) == list(SUMMARY_COLUMNS)
-    assert list(rows) == ["zero1_no_offload", "zero2_no_offload", "zero3_no_offload",
-                          "zero1_cpu_offload", "zero2_cpu_offload", "zero3_cpu_offload"]
+    assert list(rows) == RUN_CASES
     for name, row in rows.items():
         _check_row(row)
         assert row["seed"] == "3" and (out / name / "train.log").is_file()
@@ -56,11 +66,11 @@ def test_six_case_runs_every_case_reads_placement_and_records_a_retry(tmp_path):
     failed = out / "zero2_no_offload" / "attempt1.log"
     assert "repro_bench_forced_failure" in failed.read_text() and "exit: 2" in failed.read_text()
     assert (out / "curves.png").is_file()
-    assert sum(line.startswith("[") for line in proc.stdout.splitlines()) == 6
+    assert sum(line.startswith("[") for line in proc.stdout.splitlines()) == len(RUN_CASES)
 
 
-def test_crossover_two_seeds_writes_paired_deltas_and_noise_verdicts(tmp_path):
-    proc, out = _bench(tmp_path, ["crossover", "--seeds", "5 6", "--step-modes", "0"])
+def test_crossover_two_seeds_writes_paired_deltas_and_noise_verdicts(tmp_path, ray_head):
+    proc, out = _bench(tmp_path, ["crossover", "--seeds", "5 6", "--step-modes", "0"], ray_head)
     summary = read_tsv(out / "summary.tsv")
     assert [(r["case"], r["seed"]) for r in summary] == [("zero1_sem0", "5"), ("zero2_sem0", "5"),
                                                          ("zero1_sem0", "6"), ("zero2_sem0", "6")]
