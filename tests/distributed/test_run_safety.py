@@ -104,9 +104,16 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
         while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
             time.sleep(0.2)
         run_dir = next(outputs.glob("grpo_tiny_arith_*"))
-        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+        # The job's processes are listed once step 1 is logged (the ranks exist from then on), not
+        # after the step-2 checkpoint: scanning every process on a loaded machine took longer than
+        # the job's last two steps, and the signal then came after the run had finished.
+        metrics = run_dir / "metrics.tsv"
+        deadline = time.time() + 240
+        while not (metrics.is_file() and MetricsLog(metrics).rows) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
         procs = _job_processes(proc.pid, outputs)
         assert procs, "the job's processes were not found: the orphan check would prove nothing"
+        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
         started = time.monotonic()
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
