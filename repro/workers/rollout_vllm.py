@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from repro import vllm_settings
+from repro.batch import Batch
 from repro.config import RunConfig
 from repro.devices import default_device, nvml_used_gb
 from repro.workers import rollout_layout as layout
@@ -137,7 +138,7 @@ class VLLMRollout:
         response_length: int | None = None,
         prompt_pad_to: int | None = None,
         micro_batch_size: int | None = None,
-    ) -> dict[str, torch.Tensor]:
+    ) -> Batch:
         """Sample ``n`` responses per prompt; sample ``j`` of prompt ``i`` is row ``i * n + j``."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
