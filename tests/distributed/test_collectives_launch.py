@@ -31,6 +31,11 @@ def _write(tmp_path: pathlib.Path, name: str, text: str) -> pathlib.Path:
     return path
 
 
+def _args(script: pathlib.Path, out: pathlib.Path, *opts: str) -> list[str]:
+    """``launch`` of ``script`` on 2 ranks with ``opts``, recording into ``out``."""
+    return ["launch", "--nproc-per-node", "2", *opts, "--out", str(out), "--", str(script)]
+
+
 def _start(args: list[str], cwd: pathlib.Path) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(_REPO))
     return subprocess.Popen(
@@ -69,19 +74,7 @@ def test_a_signal_to_launch_ends_every_rank_and_still_prints_the_report(tmp_path
     script = _write(tmp_path, "stuck.py", _STUCK)
     out = tmp_path / "trace"
     proc = _start(
-        [
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--check",
-            "off",
-            "--stall-s",
-            "0",
-            "--out",
-            str(out),
-            "--",
-            str(script),
-        ],
+        _args(script, out, "--check", "off", "--stall-s", "0"),
         tmp_path,
     )
     try:
@@ -117,19 +110,7 @@ def test_record_mode_turns_a_p2p_deadlock_into_a_report_with_stacks(tmp_path):
     )
     start = time.monotonic()
     done = _launch(
-        [
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--check",
-            "off",
-            "--stall-s",
-            "2",
-            "--out",
-            str(tmp_path / "t"),
-            "--",
-            str(script),
-        ],
+        _args(script, tmp_path / "t", "--check", "off", "--stall-s", "2"),
         tmp_path,
     )
     elapsed = time.monotonic() - start
@@ -158,19 +139,7 @@ def test_a_long_computation_between_collectives_is_not_a_hang(tmp_path):
     """,
     )
     done = _launch(
-        [
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--check",
-            "off",
-            "--stall-s",
-            "1",
-            "--out",
-            str(tmp_path / "t"),
-            "--",
-            str(script),
-        ],
+        _args(script, tmp_path / "t", "--check", "off", "--stall-s", "1"),
         tmp_path,
     )
     assert done.returncode == 0, done.stdout + done.stderr
@@ -190,9 +159,7 @@ def test_the_scripts_folder_is_on_sys_path_as_with_plain_python(tmp_path):
         dist.all_reduce(torch.ones(N))
     """,
     )
-    done = _launch(
-        ["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", str(script)], tmp_path
-    )
+    done = _launch(_args(script, tmp_path / "t"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -209,17 +176,7 @@ def test_a_rank_that_dies_before_its_first_collective_shows_its_own_traceback(tm
     """,
     )
     done = _launch(
-        [
-            "launch",
-            "--nproc-per-node",
-            "2",
-            "--grace-s",
-            "1",
-            "--out",
-            str(tmp_path / "t"),
-            "--",
-            str(script),
-        ],
+        _args(script, tmp_path / "t", "--grace-s", "1"),
         tmp_path,
     )
     assert done.returncode == 1, done.stdout + done.stderr
@@ -250,9 +207,7 @@ def test_a_ddp_rank_that_skips_a_backward_is_reported_from_the_flight_recorder(t
     """,
     )
     out = tmp_path / "t"
-    done = _launch(
-        ["launch", "--nproc-per-node", "2", "--stall-s", "3", "--out", str(out), "--", str(script)], tmp_path
-    )
+    done = _launch(_args(script, out, "--stall-s", "3"), tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "found by: Flight Recorder" in done.stdout
     assert "Rank 1 never issued all_reduce" in done.stdout
