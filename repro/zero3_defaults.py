@@ -57,16 +57,14 @@ SIZE_KEYS = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_param_
 
 @dataclass(frozen=True)
 class ModelSize:
-    """What the rule reads from a model: its width and its parameter count."""
+    """What the rule reads from a model: its width (the only input of transformers' rule)."""
 
     hidden_size: int
     """Width ``h`` as Hugging Face's DeepSpeed integration finds it (:func:`hidden_size_of`)."""
-    num_parameters: int
-    """Distinct parameters (tied embeddings once)."""
 
     def __post_init__(self) -> None:
-        if self.hidden_size < 1 or self.num_parameters < 1:
-            raise ValueError(f"ModelSize needs hidden_size >= 1 and num_parameters >= 1, got {self}")
+        if self.hidden_size < 1:
+            raise ValueError(f"ModelSize needs hidden_size >= 1, got {self}")
 
 
 @dataclass(frozen=True)
@@ -138,37 +136,22 @@ def zero3_sizes(user: dict[str, int | None], size: ModelSize | None, enabled: bo
 def model_size_of(module: Any) -> ModelSize | None:
     """The size of a loaded model (None when its config has no hidden size)."""
     h = hidden_size_of(getattr(module, "config", None) or {})
-    if h is None:
-        return None
-    params = {id(p): p for p in module.parameters()}.values()
-    return ModelSize(h, sum(p.numel() for p in params))
+    return None if h is None else ModelSize(h)
 
 
 @functools.lru_cache(maxsize=8)
 def model_size_for_path(path: str) -> ModelSize | None:
-    """The size a model folder would give, without loading weights (the plan asks; None: unknown).
+    """The size a model folder would give, from its ``config.json`` alone (the plan asks; None: unknown).
 
-    ``tiny`` is the built-in tiny policy, sized from its recipe. The parameters are counted on the
-    meta device (no memory).
+    ``tiny`` is the built-in tiny policy, sized from its recipe.
     """
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     if path == "tiny":
         from repro.data.sft import SFTRecipe
-        from repro.data.tiny_model import tiny_config
-        from repro.data.tokenizer import build_tokenizer
 
-        tok = build_tokenizer()
-        config = tiny_config(len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, SFTRecipe().shape)
-    else:
-        file = os.path.join(path, "config.json")
-        if not os.path.isfile(file):
-            return None
-        with open(file) as f:
-            if hidden_size_of(json.load(f)) is None:
-                return None
-        config = AutoConfig.from_pretrained(path)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return model_size_of(model)
+        return ModelSize(SFTRecipe().shape.hidden_size)
+    file = os.path.join(path, "config.json")
+    if not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        h = hidden_size_of(json.load(f))
+    return None if h is None else ModelSize(h)
