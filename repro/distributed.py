@@ -52,3 +52,21 @@ def init_distributed(timeout_s: float = 600.0) -> None:
     from repro.collectives_trace import install_from_env
 
     install_from_env()
+
+
+def exit_rank_process(code: int = 0) -> None:
+    """End a rank program: drop the process group, flush, and leave without C++ static destructors.
+
+    A rank that simply returns from ``main`` runs the interpreter's and C++'s exit handlers while
+    gloo and DeepSpeed threads may still be alive; one CI run of the worker benchmark aborted there
+    ("terminate called without an active exception", exit -6) after its result was written.
+    ``os._exit`` after an explicit ``destroy_process_group`` skips that teardown, as torch's own
+    multi-process test harness does.
+    """
+    import sys
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -10,16 +10,22 @@ cleanup runs is ignored (:func:`ignore_signals`), so it cannot leave processes b
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import shlex
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from repro.run_setup import RunPaths, latest_checkpoint, write_run_state
 
 INTERRUPTED_EXIT = 130  # what a shell reports for a command ended by SIGINT
+# Fault injection for the interruption tests: the driver pauses after this step's checkpoint.
+HOLD_ENV = "REPRO_HOLD_AFTER_CHECKPOINT"
+_HOLD_MAX_S = 300.0
 
 
 _active = False
@@ -50,6 +56,22 @@ def reclaim_sigterm() -> None:
     that turns SIGTERM into an abort (exit -6, no cleanup, orphans left)."""
     if _active and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+def hold_after_checkpoint(step: int) -> None:
+    """With ``REPRO_HOLD_AFTER_CHECKPOINT=<step>``, wait up to 300 s after that step's checkpoint.
+
+    A test that stops a run (Ctrl-C, SIGTERM, kill -9) once a checkpoint is on disk needs the run
+    to still be going when the signal lands. Without the pause a short run can finish its last
+    steps while a loaded machine delivers the signal, and the test sees exit 0 instead of 130.
+    The pause ends early on a signal, which is the point of it.
+    """
+    if os.environ.get(HOLD_ENV) != str(step):
+        return
+    logging.getLogger("repro.trainer").warning("holding after the step-%d checkpoint (%s)", step, HOLD_ENV)
+    deadline = time.monotonic() + _HOLD_MAX_S
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

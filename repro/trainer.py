@@ -31,7 +31,7 @@ from repro.checkpoint_store import CheckpointStore, write_json_atomic
 from repro.cluster import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.config_rules import fill_optimizer_steps
-from repro.interrupts import ignore_signals, mark_interrupted
+from repro.interrupts import hold_after_checkpoint, ignore_signals, mark_interrupted
 from repro.metrics import (
     MetricsLog,
     StepReporter,
@@ -305,6 +305,7 @@ class PPOTrainer:
                 reporter.update(step, self.total_steps, row)
                 if t.save_freq > 0 and (step % t.save_freq == 0 or last):
                     self.save(step)
+                    hold_after_checkpoint(step)
                 write_summary(run_dir / "summary.tsv", summarize(metrics.rows, val_before_train=val0))
                 if step % 10 == 0 or last:
                     plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name, val_before_train=val0)

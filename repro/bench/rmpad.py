@@ -164,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     add_case_process_args(parser)
     args = parser.parse_args(argv)
     if args.child:
+        from repro.distributed import exit_rank_process
+
         _child(args)
-        return 0
+        exit_rank_process(0)
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
     if bad:

@@ -350,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
+        from repro.distributed import exit_rank_process
+
         _child(args)
-        return 0
+        exit_rank_process(0)
     cases = [c for c in args.cases.split(",") if c]
     runners = [r for r in args.runners.split(",") if r]
     bad = [f"--cases: {c!r} is not valid; choose from {list(CASES)}" for c in cases if c not in CASES]

@@ -97,23 +97,20 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     """``ctrl-c`` is what a terminal does: SIGINT to the whole foreground process group."""
     outputs = tmp_path / "outputs"
     common = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
-    proc = subprocess.Popen(_cmd(*common), cwd=ROOT, env=_env(outputs), stdout=subprocess.PIPE,
+    # The job pauses after its step-2 checkpoint (REPRO_HOLD_AFTER_CHECKPOINT), so the signal
+    # always lands mid-run: sent after the checkpoint but without the pause, it came after the
+    # run's last two steps on a loaded machine and the job exited 0.
+    env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
+    proc = subprocess.Popen(_cmd(*common), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         deadline = time.time() + 120
         while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
             time.sleep(0.2)
         run_dir = next(outputs.glob("grpo_tiny_arith_*"))
-        # The job's processes are listed once step 1 is logged (the ranks exist from then on), not
-        # after the step-2 checkpoint: scanning every process on a loaded machine took longer than
-        # the job's last two steps, and the signal then came after the run had finished.
-        metrics = run_dir / "metrics.tsv"
-        deadline = time.time() + 240
-        while not (metrics.is_file() and MetricsLog(metrics).rows) and proc.poll() is None and time.time() < deadline:
-            time.sleep(0.2)
+        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
         procs = _job_processes(proc.pid, outputs)
         assert procs, "the job's processes were not found: the orphan check would prove nothing"
-        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
         started = time.monotonic()
         if how == "ctrl-c":
             os.killpg(proc.pid, signal.SIGINT)
@@ -129,8 +126,8 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     left = _alive(procs, wait_s=15)
     assert not left, f"processes left after {how}: {left}"
     state = json.loads((run_dir / "run.json").read_text())
-    assert state["status"] == "interrupted" and state["last_checkpoint_step"] in (2, 3, 4)
-    step = state["last_checkpoint_step"]
+    assert state["status"] == "interrupted" and state["last_checkpoint_step"] == 2
+    step = 2
     resume_lines = [ln for ln in out.splitlines() if "Resume with: " in ln]
     assert len(resume_lines) == 1 and f"step {step}" in resume_lines[0], out[-3000:]
     assert not (run_dir / "run.lock").exists()

@@ -132,8 +132,9 @@ def test_resume_after_kill_9_matches_uninterrupted_run(tmp_path, ray_head):
                                  env=_env(tmp_path / "ref", ray_head), stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT,
                                  text=True, start_new_session=True)
+    # It pauses after its step-2 checkpoint, so the kill always lands before its last step.
     victim = subprocess.Popen(_command("grpo_tiny", common + [f"trainer.output_dir={resumed}"]), cwd=ROOT,
-                              env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              env=dict(_env(tmp_path), REPRO_HOLD_AFTER_CHECKPOINT="2"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                               start_new_session=True)
     try:
         _wait_for_checkpoint(victim, resumed / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 240)

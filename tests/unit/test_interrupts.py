@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 
+from repro import interrupts
 from repro.checkpoint_store import CheckpointStore
-from repro.interrupts import ignore_signals, mark_interrupted, terminate_as_interrupt
+from repro.interrupts import hold_after_checkpoint, ignore_signals, mark_interrupted, terminate_as_interrupt
 from repro.run_setup import RUN_STATE, RunPaths
 
 
@@ -55,3 +57,24 @@ def test_sigterm_becomes_the_interrupt_of_ctrl_c_and_cleanup_ignores_a_second_si
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_hold_after_a_checkpoint_waits_only_at_its_step_and_a_signal_ends_it(monkeypatch):
+    monkeypatch.setenv(interrupts.HOLD_ENV, "2")
+    monkeypatch.setattr(interrupts, "_HOLD_MAX_S", 0.5)
+    started = time.monotonic()
+    hold_after_checkpoint(1)
+    hold_after_checkpoint(3)
+    assert time.monotonic() - started < 0.1
+    hold_after_checkpoint(2)
+    assert time.monotonic() - started >= 0.5
+    monkeypatch.setattr(interrupts, "_HOLD_MAX_S", 30.0)
+    started = time.monotonic()
+    with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        previous = signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+        try:
+            hold_after_checkpoint(2)
+        finally:
+            signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 5
