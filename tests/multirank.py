@@ -35,6 +35,9 @@ _STACK_DUMP_WAIT_S = 3.0
 # gloo must not give up on a collective before the harness does: the harness reports hangs
 # with stacks, a gloo timeout would only say "timed out".
 _GLOO_TIMEOUT_MARGIN_S = 120.0
+# Spawn, imports (torch, DeepSpeed, transformers) and the process group of fresh ranks: seconds on
+# a quiet machine, much more with both xdist workers and their ranks on 2 cores.
+START_TIMEOUT_S = 180.0
 BACKENDS = ("gloo", "nccl")
 # NVLink multicast (NVLS) must stay off on the lent GPU machines (see DEVICE.md); set in every
 # NCCL rank so that a run never depends on the caller's environment for it.
@@ -55,6 +58,7 @@ def _rank_paths(run_dir: pathlib.Path, rank: int) -> dict[str, pathlib.Path]:
         "result": run_dir / f"rank{rank}.result.pkl",
         "error": run_dir / f"rank{rank}.error.txt",
         "stack": run_dir / f"rank{rank}.stack.txt",
+        "ready": run_dir / f"rank{rank}.ready",
     }
 
 
@@ -156,6 +160,8 @@ def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backe
         from repro.distributed import init_distributed
 
         init_distributed()
+    # run_ranks starts the task's clock here: start-up (spawn, imports, group) has a limit of its own.
+    (pathlib.Path(run_dir) / f"rank{rank}.ready").touch()
     result = fn(rank, world_size, *args)
     tmp = result_path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
@@ -297,8 +303,9 @@ def run_ranks(
     """Run fn(rank, world_size, *args) on `world_size` spawned processes; return per-rank results (list indexed by rank).
 
     ``fn`` must be a module-level function; it and ``args`` are pickled, and each rank's return
-    value is pickled back. ``timeout_s`` bounds the whole run, rank start-up (imports, process
-    group, DeepSpeed init) included. ``env`` is applied after the harness's own variables, so
+    value is pickled back. ``timeout_s`` bounds ``fn`` itself, from the moment every rank has
+    its process group (and DeepSpeed); start-up (spawn, imports, group) has its own limit of
+    ``START_TIMEOUT_S``, so a short ``timeout_s`` means the same on a loaded machine. ``env`` is applied after the harness's own variables, so
     it may override them. With ``deepspeed=True`` each rank also calls
     ``repro.distributed.init_distributed()`` on the harness's group. Rank logs, results and the
     FileStore live in a fresh ``tmp_path/multirank<i>`` directory.
@@ -328,10 +335,10 @@ def run_ranks(
         for r in range(world_size)
     ]
     start = time.monotonic()
+    ready_at: float | None = None
     try:
         for p in procs:
             p.start()
-        deadline = start + timeout_s
         failed: int | None = None
         while True:
             running = [p for p in procs if p.exitcode is None]
@@ -347,10 +354,14 @@ def run_ranks(
                 break
             if not running:
                 break
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if ready_at is None and all(paths["ready"].exists() for paths in rank_paths):
+                ready_at = now
+            remaining = (ready_at + timeout_s if ready_at is not None else start + START_TIMEOUT_S) - now
             if remaining <= 0:
                 break
-            wait_for_sentinels([p.sentinel for p in running], timeout=min(remaining, 1.0))
+            # Short polls until every rank is ready, so the task's clock starts on time.
+            wait_for_sentinels([p.sentinel for p in running], timeout=min(remaining, 1.0 if ready_at else 0.1))
         elapsed = time.monotonic() - start
 
         if failed is not None:
@@ -380,8 +391,10 @@ def run_ranks(
                 if r in hung:
                     section += f"\n[rank {r}] --- Python stack at timeout:\n" + _tag(r, stacks[r])
                 sections.append(section)
+            when = (f"still running after timeout_s={timeout_s:g} s (start-up took {ready_at - start:.1f} s)"
+                    if ready_at is not None else f"still starting after START_TIMEOUT_S={START_TIMEOUT_S:g} s")
             raise RankTimeout(
-                f"ranks {hung} still running after timeout_s={timeout_s:g} s; killed "
+                f"ranks {hung} {when}; killed "
                 f"({world_size} ranks, fn={fn.__module__}.{fn.__qualname__}, dir={run_dir})\n"
                 + "\n".join(sections)
             )

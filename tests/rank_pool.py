@@ -52,12 +52,13 @@ __all__ = ["RankPool"]
 _STOP = "stop"
 
 
-# DeepSpeed modules whose module-level state outlives an engine: process-group registries and the
-# ZeRO-3 id counters (``Init.param_id``, the ``count=[0]`` default of ``_register_deepspeed_module``).
+# DeepSpeed modules whose module-level state outlives an engine: process-group registries (the
+# Ulysses sequence-parallel groups among them) and the ZeRO-3 id counters (``Init.param_id``, the ``count=[0]`` default of ``_register_deepspeed_module``).
 # ZeRO-3 checks that every rank numbers its modules alike, so a counter left advanced on one rank
 # only (a 1-rank task runs on rank 0 alone) breaks the next 2-rank ZeRO-3 task.
 _STATEFUL_MODULES = ("deepspeed.utils.groups", "deepspeed.runtime.zero.partition_parameters",
-                     "deepspeed.runtime.zero.parameter_offload")
+                     "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.sequence_parallel.parallel_state_sp",
+                     "deepspeed.sequence.layer")
 _PLAIN = (type(None), bool, int, float, str, list, dict)
 
 

@@ -83,17 +83,23 @@ def _leave_state_behind(rank: int, world_size: int, model_dir: str) -> dict:
     import deepspeed.utils.groups as groups
     import torch
     import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from deepspeed.sequence.layer import _all_to_all_groups, register_all_to_all_group
 
     from repro.workers.actor import ActorWorker
     from tests.distributed.workers.helpers import make_cfg
 
     worker = ActorWorker(make_cfg(model_dir, world=world_size, stage=2))
     groups._get_data_parallel_group()  # registers DeepSpeed's world group
+    parallel_state_sp.initialize_sequence_parallel(sequence_parallel_size=2)  # what Ulysses sets up
+    register_all_to_all_group(parallel_state_sp.get_sequence_parallel_group())
+    assert _all_to_all_groups
     os.environ["REPRO_LEAKED_KNOB"] = "1"
     torch.set_default_dtype(torch.float64)
     dist.distributed_c10d._get_default_store().set("left_by_the_first_task", "1")
     _SEEN.update(engine=weakref.ref(worker.engine), cdb=weakref.ref(ds_comm.cdb))
-    return {"pid": os.getpid(), "world_group_set": groups._WORLD_GROUP is not None}
+    return {"pid": os.getpid(), "world_group_set": groups._WORLD_GROUP is not None,
+            "sp_group_set": parallel_state_sp._SEQUENCE_PARALLEL_GROUP is not None}
 
 
 def _inspect_state(rank: int, world_size: int) -> dict:
@@ -101,9 +107,12 @@ def _inspect_state(rank: int, world_size: int) -> dict:
     import deepspeed.utils.groups as groups
     import torch
     import torch.distributed as dist
+    from deepspeed.runtime.sequence_parallel import parallel_state_sp
+    from deepspeed.sequence.layer import _all_to_all_groups
 
     gc.collect()
     return {
+        "sp_group_set": parallel_state_sp._SEQUENCE_PARALLEL_GROUP is not None or bool(_all_to_all_groups),
         "pid": os.getpid(),
         "engine_alive": _SEEN["engine"]() is not None,
         "same_store": dist.distributed_c10d._get_default_store().check(["left_by_the_first_task"]),
@@ -120,9 +129,9 @@ def test_consecutive_tasks_share_no_engine_group_environment_or_dtype(rank_pool,
     model_dir = make_model_dir(tmp_path / "model")
     before = rank_pool.run(_leave_state_behind, 2, tmp_path=tmp_path, timeout_s=90, args=(model_dir,))
     after = rank_pool.run(_inspect_state, 2, tmp_path=tmp_path)
-    assert [b["world_group_set"] for b in before] == [True, True]
+    assert [(b["world_group_set"], b["sp_group_set"]) for b in before] == [(True, True), (True, True)]
     for b, a in zip(before, after, strict=True):
-        assert a == {"pid": b["pid"], "engine_alive": False, "same_store": False, "same_ds_backend": False,
+        assert a == {"pid": b["pid"], "sp_group_set": False, "engine_alive": False, "same_store": False, "same_ds_backend": False,
                      "world_group_set": False, "knob": None, "dtype": "torch.float32"}
 
 

@@ -53,11 +53,11 @@ def _resumed(rank: int, world: int, model_dir: str, root: str) -> dict:
     return out
 
 
-def test_scheduler_resumes_mid_warmup_and_mid_decay_bitwise(multirank, tmp_path):
+def test_scheduler_resumes_mid_warmup_and_mid_decay_bitwise(pooled, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     root = str(tmp_path / "ckpt")
-    full = multirank(_uninterrupted, 2, timeout_s=150, args=(model_dir, root))
-    resumed = multirank(_resumed, 2, timeout_s=150, args=(model_dir, root))
+    full = pooled(_uninterrupted, 2, timeout_s=150, args=(model_dir, root))
+    resumed = pooled(_resumed, 2, timeout_s=150, args=(model_dir, root))
     lrs = [m["actor/lr"] for m in full[0]["metrics"]]
     # The schedule really warms up then decays over these updates (else the test could not fail).
     # (the update after the first save is still warming up: below the peak 1e-2)

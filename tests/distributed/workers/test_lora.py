@@ -72,12 +72,12 @@ def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_lora_trains_only_adapters_exports_merged_weights_and_resumes_bitwise(multirank, tmp_path, stage):
+def test_lora_trains_only_adapters_exports_merged_weights_and_resumes_bitwise(pooled, tmp_path, stage):
     from transformers import AutoModelForCausalLM
 
     model_dir = make_model_dir(tmp_path / "model")
     root = str(tmp_path / "ckpt")
-    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, root))
+    results = pooled(_run, 2, timeout_s=120, args=(model_dir, stage, root))
     res = results[0]
     assert res["trainable"] and all(".lora_" in n for n in res["trainable"])
     for key in res["base0"]:  # the base never changes

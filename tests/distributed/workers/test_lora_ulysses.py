@@ -90,9 +90,9 @@ def _reference(model_dir: str, stage: int, adapters0: dict[str, torch.Tensor]):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_lora_with_sp2_equals_single_process_peft(multirank, tmp_path, stage):
+def test_lora_with_sp2_equals_single_process_peft(pooled, tmp_path, stage):
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_run, 2, timeout_s=150, args=(model_dir, stage))
+    results = pooled(_run, 2, timeout_s=150, args=(model_dir, stage))
     # dp=1: both SP ranks hold the whole model; they must start from the same adapters.
     for a, b in zip(results[0], results[1], strict=True):
         assert all(torch.equal(a["adapters0"][k], b["adapters0"][k]) for k in a["adapters0"])

@@ -55,9 +55,9 @@ def _run(rank: int, world: int, model_dir: str, stage: int, role: str) -> list[d
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_remove_padding_equals_padded_forward_losses_and_updates(multirank, tmp_path, stage, role):
+def test_remove_padding_equals_padded_forward_losses_and_updates(pooled, tmp_path, stage, role):
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, role))
+    results = pooled(_run, 2, timeout_s=120, args=(model_dir, stage, role))
     for rank in range(2):
         mask = shard(make_step_batch(31, SAMPLES), rank, 2)["response_mask"].bool()
         by_case = {(r["dynamic"], r["rmpad"]): r for r in results[rank]}

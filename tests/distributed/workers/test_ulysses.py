@@ -81,11 +81,11 @@ def _reference(model_dir: str, role: str, stage: int) -> tuple[dict, list[float]
 
 @pytest.mark.parametrize(("stage", "role", "dynamic"),
                          [(s, r, False) for s in (1, 2, 3) for r in ("actor", "critic")] + [(2, "actor", True)])
-def test_sp2_equals_single_process_with_padding_and_packed_rows(multirank, tmp_path, stage, role, dynamic):
+def test_sp2_equals_single_process_with_padding_and_packed_rows(pooled, tmp_path, stage, role, dynamic):
     from transformers import AutoModelForCausalLM
 
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_run, 2, timeout_s=120, args=(model_dir, stage, role, None, dynamic))
+    results = pooled(_run, 2, timeout_s=120, args=(model_dir, stage, role, None, dynamic))
     want_params, want_norms = _reference(model_dir, role, stage)
     full = make_step_batch(41, SAMPLES)
     if role == "actor":
@@ -107,13 +107,13 @@ def test_sp2_equals_single_process_with_padding_and_packed_rows(multirank, tmp_p
             assert abs(res["grad_norm"] - sum(want_norms) / 2) < 1e-4 * max(1.0, res["grad_norm"]), case
 
 
-def test_stock_zero3_reduce_scatter_divides_the_gradient_by_sp(multirank, tmp_path):
+def test_stock_zero3_reduce_scatter_divides_the_gradient_by_sp(pooled, tmp_path):
     """DeepSpeed 0.19 ZeRO-3 with an SP mpu: ``reduce_scatter=true`` (its default) averages the
     gradient over the whole world without the SP correction, so the grad norm is 1/sp of the true
     one; ``repro.ds_config`` sets ``reduce_scatter=false`` at ZeRO-3 with sp > 1. If DeepSpeed fixes
     this, the ratio becomes 1 and this test fails: drop the workaround then."""
     model_dir = make_model_dir(tmp_path / "model")
-    stock = multirank(_run, 2, timeout_s=120, args=(model_dir, 3, "actor", {"reduce_scatter": True}))
+    stock = pooled(_run, 2, timeout_s=120, args=(model_dir, 3, "actor", {"reduce_scatter": True}))
     _, want_norms = _reference(model_dir, "actor", 3)
     for res in stock[0]:
         ratio = res["grad_norm"] / (sum(want_norms) / 2)
@@ -128,7 +128,7 @@ def _traced(rank: int, world: int, model_dir: str, out: str) -> int:
     return rank
 
 
-def test_live_collective_check_runs_clean_on_an_sp_run(multirank, tmp_path):
+def test_live_collective_check_runs_clean_on_an_sp_run(pooled, tmp_path):
     """The live check (every call fingerprinted across the group) stays silent on an SP update
     at ZeRO-3: the SP-group gathers of batches and per-token outputs and the gradient
     reductions match on both ranks."""
@@ -137,7 +137,7 @@ def test_live_collective_check_runs_clean_on_an_sp_run(multirank, tmp_path):
 
     model_dir = make_model_dir(tmp_path / "model")
     out = tmp_path / "trace"
-    multirank(_traced, 2, timeout_s=120, args=(model_dir, str(out)))
+    pooled(_traced, 2, timeout_s=120, args=(model_dir, str(out)))
     traces = read_trace_dir(out)
     assert sorted(traces) == [0, 1] and not any(t.check_failures for t in traces.values())
     assert "all_gather" in {c.op for c in traces[0].calls}
