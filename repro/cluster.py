@@ -13,6 +13,11 @@ that cluster, which is how a run spans nodes. ``MASTER_ADDR`` and the master por
 0's node after the actors exist, and reach every rank before any process group forms. Folders
 given as ``shared_dirs`` are checked to be shared by every node (``repro.shared_storage``) before
 the hosted class is built.
+
+``REPRO_REUSE_RANKS=1`` (test suites: many short runs on one long-lived single-node CPU cluster
+joined through ``RAY_ADDRESS``) keeps the rank processes between runs: named detached actors,
+each put back to its pre-run state after a run (``repro.rank_reset``) and killed instead if the
+run failed on it. Every other run starts fresh rank processes and kills them at the end.
 """
 
 from __future__ import annotations
@@ -45,6 +50,11 @@ _PLACEMENT_TIMEOUT_S = 120.0
 _NODE_DEATH_WAIT_S = 60.0
 # How long the ranks get to answer "are you there?" after a failed call.
 _PROBE_S = 3.0
+REUSE_ENV = "REPRO_REUSE_RANKS"
+_REUSE_NAMESPACE = "repro_reused_ranks"
+_RELEASE_S = 30.0
+# The first run on a cluster starts the kept processes (Python, imports): slow on a loaded machine.
+_BEGIN_S = 120.0
 
 
 def use_gpu(cfg: RunConfig) -> bool:
@@ -85,12 +95,37 @@ def _free_port() -> int:
 class _RankHost:
     """The Ray actor: sets the rank environment, then hosts one instance of the worker class."""
 
-    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
+    def __init__(self, cls: type | None, args: tuple, kwargs: dict) -> None:
         if os.environ.get("REPRO_GPU_ISOLATED") == "1":
             # Ray gives the actor one GPU through CUDA_VISIBLE_DEVICES: it is device 0 here.
             os.environ["LOCAL_RANK"] = "0"
         self._cls, self._args, self._kwargs = cls, args, kwargs
         self.inner: Any = None
+        self._snapshot: Any = None
+        self._busy = self._failed = False
+
+    def begin(self, env: dict[str, str], cls: type, args: tuple, kwargs: dict) -> None:
+        """A reused rank takes on a new run: its environment and the class to host."""
+        from repro.rank_reset import ProcessSnapshot
+
+        if self._busy:
+            raise RuntimeError("this reused rank process is still hosting another run")
+        if self._snapshot is None:
+            self._snapshot = ProcessSnapshot()
+        os.environ.update(env)
+        self._cls, self._args, self._kwargs = cls, args, kwargs
+        self._busy, self._failed = True, False
+
+    def release(self) -> bool:
+        """End a reused rank's run; False (the driver then kills the process) if the run failed here."""
+        import torch.distributed as dist
+
+        self.inner = None
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self._snapshot.restore()
+        self._busy = False
+        return not self._failed
 
     def address(self) -> tuple[str, int]:
         return ray.util.get_node_ip_address(), _free_port()
@@ -106,10 +141,18 @@ class _RankHost:
         os.environ["MASTER_PORT"] = str(port)
 
     def create(self) -> None:
-        self.inner = self._cls(*self._args, **self._kwargs)
+        try:
+            self.inner = self._cls(*self._args, **self._kwargs)
+        except BaseException:
+            self._failed = True
+            raise
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.inner, method)(*args, **kwargs)
+        try:
+            return getattr(self.inner, method)(*args, **kwargs)
+        except BaseException:
+            self._failed = True
+            raise
 
 
 class WorkerGroup:
@@ -130,6 +173,31 @@ class WorkerGroup:
         address = placement.cluster_address(cfg.trainer.ray_address)
         nodes = [placement.NodeInfo.from_ray(n) for n in ray.nodes()]
         placement.check_nodes(nodes, self.nnodes, self.per_node, per_node_bundle, address)
+        self.reuse = (os.environ.get(REUSE_ENV) == "1" and bool(address) and self.nnodes == 1 and not self.gpu
+                      and len(nodes) == 1)
+        self._pgs: list[Any] = []
+        self.actors = self._reused_actors(cls, args, kwargs) if self.reuse else []
+        if not self.actors:
+            self.reuse = False
+            self.actors = self._fresh_actors(bundle, per_node_bundle, cls, args, kwargs)
+        try:
+            self._check_nodes_and_storage(shared_dirs)
+            addresses = ray.get([a.address.remote() for a in self.actors])
+            self.hosts = [ip for ip, _ in addresses]
+            addr, port = addresses[0]
+            ray.get([a.set_master.remote(addr, port) for a in self.actors])
+            # Workers build process groups in their constructors: every rank must start together.
+            self._get([a.create.remote() for a in self.actors], "create")
+        except BaseException:
+            self.shutdown()
+            raise
+        log.info("worker group: %d rank(s) on %d node(s) %s, %s, master %s:%d%s", self.world, self.nnodes,
+                 [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port,
+                 f" (reused rank processes, {REUSE_ENV}=1)" if self.reuse else "")
+
+    def _fresh_actors(self, bundle: dict[str, float], per_node_bundle: dict[str, float], cls: type,
+                      args: tuple, kwargs: dict) -> list[Any]:
+        """One new Ray actor per rank, placed by a placement group (one bundle per node, spread)."""
         self._pgs = [placement_group([per_node_bundle] * self.nnodes, strategy="STRICT_SPREAD")]
         try:
             ray.get([pg.ready() for pg in self._pgs], timeout=_PLACEMENT_TIMEOUT_S)
@@ -141,34 +209,51 @@ class WorkerGroup:
                 f"{ray.cluster_resources()}; lower trainer.n_gpus_per_node / trainer.nnodes"
             ) from None
         remote_cls = ray.remote(_RankHost)
-        self.actors = []
+        actors = []
         for rank in range(self.world):
             node, local = divmod(rank, self.per_node)
-            env = self._rank_env(rank, local)
-            self.actors.append(
+            actors.append(
                 remote_cls.options(
                     num_cpus=bundle["CPU"],
                     num_gpus=bundle.get("GPU", 0),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=self._pgs[0], placement_group_bundle_index=node
                     ),
-                    runtime_env={"env_vars": env},
+                    runtime_env={"env_vars": self._rank_env(rank, local)},
                     name=None,
                 ).remote(cls, args, kwargs)
             )
-        try:
-            self._check_nodes_and_storage(shared_dirs)
-        except BaseException:
-            self.shutdown()
-            raise
-        addresses = ray.get([a.address.remote() for a in self.actors])
-        self.hosts = [ip for ip, _ in addresses]
-        addr, port = addresses[0]
-        ray.get([a.set_master.remote(addr, port) for a in self.actors])
-        # Workers build process groups in their constructors: every rank must start together.
-        self._get([a.create.remote() for a in self.actors], "create")
-        log.info("worker group: %d rank(s) on %d node(s) %s, %s, master %s:%d", self.world, self.nnodes,
-                 [n[:12] for n in self.node_ids[::self.per_node]], "GPU" if self.gpu else "CPU", addr, port)
+        return actors
+
+    def _reused_actors(self, cls: type, args: tuple, kwargs: dict) -> list[Any]:
+        """The cluster's kept rank processes (started by the first run that asked for them).
+
+        They claim no CPUs: they outlive runs, and a claim would starve the runs that start fresh
+        ranks on the same cluster. OMP_NUM_THREADS=1 keeps them from oversubscribing the cores.
+        """
+        remote_cls = ray.remote(_RankHost)
+        actors = []
+        for rank in range(self.world):
+            env = self._rank_env(rank, rank)
+            # Only what a process needs at its start: the run's own variables come with begin(), and
+            # release() puts the process back to this environment.
+            start_env = {k: env[k] for k in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "PYTHONPATH")}
+            actors.append(remote_cls.options(name=f"rank{rank}", namespace=_REUSE_NAMESPACE, lifetime="detached",
+                                             get_if_exists=True, num_cpus=0,
+                                             runtime_env={"env_vars": start_env}).remote(None, (), {}))
+        refs = [a.begin.remote(self._rank_env(rank, rank), cls, args, kwargs) for rank, a in enumerate(actors)]
+        began = []
+        for a, ref in zip(actors, refs, strict=True):
+            try:
+                ray.get(ref, timeout=_BEGIN_S)
+                began.append(a)
+            except Exception as e:  # noqa: BLE001 - busy (another run holds it) or stuck: leave it be
+                log.warning("a reused rank process is busy or unresponsive (%s); this run starts its own ranks",
+                            type(e).__name__)
+        if len(began) == len(actors):
+            return actors
+        ray.get([a.release.remote() for a in began], timeout=_RELEASE_S)
+        return []
 
     def _some_rank_unreachable(self) -> bool:
         """Whether a rank's actor is gone; a busy one (blocked in a collective) is not."""
@@ -272,7 +357,16 @@ class WorkerGroup:
                 pass
 
     def shutdown(self) -> None:
-        """Kill the rank actors and free their placement groups."""
+        """Kill the rank actors and free their placement groups; reused ranks are released instead,
+        unless the run failed on one of them or one does not answer."""
+        if getattr(self, "reuse", False) and self.actors:
+            try:
+                kept = ray.get([a.release.remote() for a in self.actors], timeout=_RELEASE_S)
+            except Exception:  # noqa: BLE001 - a rank that cannot be released is killed below
+                kept = [False]
+            if all(kept):
+                self.actors = []
+        killed_names = bool(getattr(self, "reuse", False) and self.actors)
         for a in getattr(self, "actors", []):
             try:
                 ray.kill(a)
@@ -280,6 +374,20 @@ class WorkerGroup:
                 pass
         self.actors = []
         self._remove_pgs()
+        if killed_names:
+            _wait_names_released(self.world)
+
+
+def _wait_names_released(world: int, timeout_s: float = 10.0) -> None:
+    """Until killed kept ranks give up their names, so that the next run starts new ones under them."""
+    deadline = time.monotonic() + timeout_s
+    for rank in range(world):
+        while time.monotonic() < deadline:
+            try:
+                ray.get_actor(f"rank{rank}", namespace=_REUSE_NAMESPACE)
+            except ValueError:
+                break
+            time.sleep(0.1)
 
 
 def shutdown_ray() -> None:

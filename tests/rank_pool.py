@@ -8,10 +8,9 @@ takes tasks: ``pool.run(fn, world_size, tmp_path=..., args=...)`` runs
 ``run_ranks`` would, and returns the per-rank results.
 
 Isolation between tasks: every task gets a fresh gloo process group (a new ``FileStore`` in the
-task's own run directory), destroyed once every rank is done; DeepSpeed's communication backend
-its process-group registry and ZeRO-3's id counters are reset to their state at pool start;
-``os.environ``, torch's default dtype, grad mode and thread count are restored; the
-garbage collector runs, so engines of the task are freed before the next one starts.
+task's own run directory), destroyed once every rank is done; then ``repro.rank_reset`` puts
+DeepSpeed's registries and counters, ``os.environ``, torch's dtype, grad mode and threads back
+to their state at pool start and collects the task's engines.
 
 Failures are reported as ``run_ranks`` reports them (same :class:`RankFailure` /
 :class:`RankTimeout`, same per-rank log files, tracebacks and stacks at timeout), because the
@@ -52,66 +51,7 @@ __all__ = ["RankPool"]
 _STOP = "stop"
 
 
-# DeepSpeed modules whose module-level state outlives an engine: process-group registries (the
-# Ulysses sequence-parallel groups among them) and the ZeRO-3 id counters (``Init.param_id``, the ``count=[0]`` default of ``_register_deepspeed_module``).
-# ZeRO-3 checks that every rank numbers its modules alike, so a counter left advanced on one rank
-# only (a 1-rank task runs on rank 0 alone) breaks the next 2-rank ZeRO-3 task.
-_STATEFUL_MODULES = ("deepspeed.utils.groups", "deepspeed.runtime.zero.partition_parameters",
-                     "deepspeed.runtime.zero.parameter_offload", "deepspeed.runtime.sequence_parallel.parallel_state_sp",
-                     "deepspeed.sequence.layer")
-_PLAIN = (type(None), bool, int, float, str, list, dict)
-
-
-def _restorer(owner, name: str, value):
-    """A function that puts ``owner.name`` back to ``value`` (containers in place: others hold them)."""
-    if isinstance(value, list):
-        saved_list = list(value)
-        return lambda: value.__setitem__(slice(None), saved_list)
-    if isinstance(value, dict):
-        saved_dict = dict(value)
-        return lambda: (value.clear(), value.update(saved_dict))
-    return lambda: setattr(owner, name, value)
-
-
-def _isolated_globals() -> list:
-    """Restorers of the DeepSpeed state a task may change, taken before any task runs."""
-    import importlib
-    import inspect
-
-    restore = []
-    for module_name in _STATEFUL_MODULES:
-        module = importlib.import_module(module_name)
-        for name, value in vars(module).items():
-            if not name.startswith("__") and isinstance(value, _PLAIN):
-                restore.append(_restorer(module, name, value))
-            elif inspect.isclass(value) and value.__module__ == module_name:
-                for attr, member in vars(value).items():
-                    if not attr.startswith("__") and isinstance(member, (int, float)):
-                        restore.append(_restorer(value, attr, member))
-                    for default in getattr(member, "__defaults__", None) or ():
-                        if isinstance(default, (list, dict)):
-                            restore.append(_restorer(None, "", default))
-    return restore
-
-
-def _reset_after_task(saved_env: dict, saved_globals: list) -> None:
-    import gc
-
-    import deepspeed.comm.comm as ds_comm
-    import torch
-
-    ds_comm.cdb = None
-    for restore in saved_globals:
-        restore()
-    os.environ.clear()
-    os.environ.update(saved_env)
-    torch.set_default_dtype(torch.float32)
-    torch.set_grad_enabled(True)
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    gc.collect()
-
-
-def _run_task(conn, task: tuple, rank: int, saved_env: dict, saved_globals: list) -> None:
+def _run_task(conn, task: tuple, rank: int, snapshot) -> None:
     """One task on this rank; answers ``("ok"|"error", rank)`` on ``conn``."""
     import faulthandler
     import sys
@@ -129,7 +69,7 @@ def _run_task(conn, task: tuple, rank: int, saved_env: dict, saved_globals: list
     os.environ.update(env)
     try:
         run_in_group(payload, rank, world_size, run_dir, "gloo", deepspeed, timeout_s, paths["result"])
-        _reset_after_task(saved_env, saved_globals)
+        snapshot.restore()
         answer = "ok"
     except BaseException:  # noqa: B036 - SystemExit/KeyboardInterrupt in fn are failures too
         text = traceback.format_exc()
@@ -158,13 +98,15 @@ def _pool_rank_main(conn, rank: int, env: dict[str, str]) -> None:
     import deepspeed  # noqa: F401 - warm import, the point of the pool
     import transformers  # noqa: F401
 
-    saved_env, saved_globals = dict(os.environ), _isolated_globals()
+    from repro.rank_reset import ProcessSnapshot
+
+    snapshot = ProcessSnapshot()
     conn.send(("ready", rank))
     while True:
         task = conn.recv()
         if task == _STOP:
             os._exit(0)
-        _run_task(conn, task, rank, saved_env, saved_globals)
+        _run_task(conn, task, rank, snapshot)
 
 
 class RankPool:

@@ -80,7 +80,9 @@ def ray_head() -> Iterator[str]:
     """The address of one local Ray head per pytest(-xdist) worker, for end-to-end jobs to join
     (``RAY_ADDRESS``) instead of each starting and stopping a cluster of its own (about 5 s and a
     dozen daemon and pre-started worker processes per job on 2 cores). Jobs that test what
-    happens to a job's own Ray processes (kill -9, Ctrl-C, a lost rank) keep starting their own."""
+    happens to a job's own Ray processes (kill -9, Ctrl-C, a lost rank) keep starting their own.
+    Jobs that join it also set ``REPRO_REUSE_RANKS=1``: their rank processes outlive them and host
+    the next job's ranks (``repro.cluster``), which saves each job the ranks' start-up."""
     import ray
     from ray.cluster_utils import Cluster
 

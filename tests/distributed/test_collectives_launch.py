@@ -210,6 +210,9 @@ def test_a_ddp_rank_that_skips_a_backward_is_reported_from_the_flight_recorder(t
     done = _launch(_args(script, out, "--stall-s", "3"), tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "found by: Flight Recorder" in done.stdout
-    assert "Rank 1 never issued all_reduce" in done.stdout
+    # Where rank 1 stands when the recorders are dumped depends on timing: still short of call #8
+    # (usual), or already in the barrier after the loop (seen at load ~6). Both name the culprit.
+    assert ("Rank 1 never issued all_reduce" in done.stdout
+            or "rank 0 issued all_reduce numel=20 float32 while rank 1 issued barrier" in done.stdout), done.stdout
     assert "ddp_skip.py:10 <module>" in done.stdout and "_engine_run_backward" in done.stdout
     assert (out / "fr_trace_rank_0").exists() and (out / "fr_trace_rank_1").exists()

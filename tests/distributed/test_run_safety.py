@@ -37,7 +37,7 @@ def _env(outputs: Path, ray_address: str | None = None) -> dict[str, str]:
     env["REPRO_OUTPUTS_DIR"] = str(outputs)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if ray_address:
-        env["RAY_ADDRESS"] = ray_address
+        env.update(RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
     return env
 
 

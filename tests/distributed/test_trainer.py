@@ -51,7 +51,7 @@ def _env(tmp_path: Path, ray_address: str | None = None) -> dict[str, str]:
     env["REPRO_OUTPUTS_DIR"] = str(tmp_path / "outputs")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     if ray_address:
-        env["RAY_ADDRESS"] = ray_address
+        env.update(RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
     return env
 
 

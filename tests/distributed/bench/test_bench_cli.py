@@ -24,7 +24,7 @@ def _bench(tmp_path: Path, args: list[str], ray_address: str,
            fail_first: str = "") -> tuple[subprocess.CompletedProcess, Path]:
     # Every case's job joins the worker's shared Ray head instead of starting a cluster of its own.
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
-               REPRO_BENCH_FAIL_FIRST=fail_first, RAY_ADDRESS=ray_address)
+               REPRO_BENCH_FAIL_FIRST=fail_first, RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
     env.pop("VERL_DS_ZERO2_STEP_EACH_MICRO", None)
     cmd = [sys.executable, "-m", "repro.bench", *args, "--steps", "2", "--outputs-root", str(tmp_path),
            "--run-tag", "t", "--", *FAST]
