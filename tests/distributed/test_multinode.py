@@ -201,13 +201,14 @@ def _grpo(out: Path, *extra: str) -> list[str]:
 
 
 @pytest.mark.slow  # three GRPO jobs (two at once) and a refused one: about 2-3 min on 2 busy cores
-def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path):
+def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path, ray_head):
     one_node, two_nodes = tmp_path / "one_node", tmp_path / "two_nodes"
     on_cluster = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.ray_address={cluster.address}"]
     popen = {"cwd": ROOT, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
              "start_new_session": True}
-    # The single-node reference (its own local Ray instance) runs alongside the 2-node run.
-    reference = subprocess.Popen(_grpo(one_node, "trainer.n_gpus_per_node=2"), env=_env(tmp_path / "ref"), **popen)
+    # The single-node reference (on the worker's shared Ray head) runs alongside the 2-node run.
+    reference = subprocess.Popen(_grpo(one_node, "trainer.n_gpus_per_node=2"), env=_env(tmp_path / "ref", ray_head),
+                                 **popen)
     victim = subprocess.Popen(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), **popen)
     try:
         _wait_for_checkpoint(victim, two_nodes / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 300)

@@ -207,11 +207,14 @@ def test_an_error_inside_a_rank_reaches_the_user_as_one_line_with_rank_host_and_
 
 
 @pytest.mark.slow  # a real job whose rank 1 is killed: about a minute on 2 cores
-def test_a_dead_rank_is_named(tmp_path):
+def test_a_dead_rank_is_named(tmp_path, ray_head):
     outputs = tmp_path / "outputs"
     out = tmp_path / "run"
+    # Fresh ranks on the shared head: the victim is found by the environment its job gave it.
+    env = _env(outputs, ray_address=ray_head)
+    env.pop("REPRO_REUSE_RANKS")
     proc = subprocess.Popen(_cmd("trainer.total_training_steps=50", "trainer.save_freq=-1", f"trainer.output_dir={out}"),
-                            cwd=ROOT, env=_env(outputs), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         deadline, victim = time.time() + 180, None
