@@ -307,7 +307,7 @@ class PPOTrainer:
                     self.save(step)
                     hold_after_checkpoint(step)
                 write_summary(run_dir / "summary.tsv", summarize(metrics.rows, val_before_train=val0))
-                if step % 10 == 0 or last:
+                if step % 10 == 0 and not last:  # the last step's curves are drawn once, after the loop
                     plot_curves(metrics.rows, run_dir / "curves.png", title=run_dir.name, val_before_train=val0)
         finally:
             reporter.close()
