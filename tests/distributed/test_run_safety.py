@@ -101,8 +101,11 @@ def test_interrupt_leaves_no_process_records_the_checkpoint_refuses_a_changed_co
     # always lands mid-run: sent after the checkpoint but without the pause, it came after the
     # run's last two steps on a loaded machine and the job exited 0.
     env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
+    # SIGINT back to its default in the job, as in a terminal: a suite started from a background
+    # shell inherits SIGINT ignored, and the job would then never see the Ctrl-C.
     proc = subprocess.Popen(_cmd(*common), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 120
         while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
