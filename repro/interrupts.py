@@ -59,17 +59,19 @@ def reclaim_sigterm() -> None:
 
 
 def hold_after_checkpoint(step: int) -> None:
-    """With ``REPRO_HOLD_AFTER_CHECKPOINT=<step>``, wait up to 300 s after that step's checkpoint.
+    """With ``REPRO_HOLD_AFTER_CHECKPOINT=<step>[:<seconds>]``, wait after that step's checkpoint
+    (300 s unless given).
 
-    A test that stops a run (Ctrl-C, SIGTERM, kill -9) once a checkpoint is on disk needs the run
-    to still be going when the signal lands. Without the pause a short run can finish its last
-    steps while a loaded machine delivers the signal, and the test sees exit 0 instead of 130.
-    The pause ends early on a signal, which is the point of it.
+    A test that stops a run (Ctrl-C, SIGTERM, kill -9, a lost node) once a checkpoint is on disk
+    needs the run to still be going when the stop lands. Without the pause a short run can finish
+    its last steps first on a loaded machine, and the test sees exit 0. A signal ends the pause
+    early; a test that removes a node gives seconds, so the run goes on and meets the loss.
     """
-    if os.environ.get(HOLD_ENV) != str(step):
+    target, _, seconds = os.environ.get(HOLD_ENV, "").partition(":")
+    if target != str(step):
         return
     logging.getLogger("repro.trainer").warning("holding after the step-%d checkpoint (%s)", step, HOLD_ENV)
-    deadline = time.monotonic() + _HOLD_MAX_S
+    deadline = time.monotonic() + (float(seconds) if seconds else _HOLD_MAX_S)
     while time.monotonic() < deadline:
         time.sleep(0.1)
 

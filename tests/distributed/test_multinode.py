@@ -209,7 +209,9 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
     # The single-node reference (on the worker's shared Ray head) runs alongside the 2-node run.
     reference = subprocess.Popen(_grpo(one_node, "trainer.n_gpus_per_node=2"), env=_env(tmp_path / "ref", ray_head),
                                  **popen)
-    victim = subprocess.Popen(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), **popen)
+    # The victim pauses 8 s after its step-2 checkpoint: the node is gone before its last step.
+    victim = subprocess.Popen(_grpo(two_nodes, *on_cluster), env=dict(_env(tmp_path), REPRO_HOLD_AFTER_CHECKPOINT="2:8"),
+                              **popen)
     try:
         _wait_for_checkpoint(victim, two_nodes / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 300)
         lost = cluster.worker.node_id

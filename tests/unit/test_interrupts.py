@@ -68,6 +68,11 @@ def test_the_hold_after_a_checkpoint_waits_only_at_its_step_and_a_signal_ends_it
     assert time.monotonic() - started < 0.1
     hold_after_checkpoint(2)
     assert time.monotonic() - started >= 0.5
+    monkeypatch.setenv(interrupts.HOLD_ENV, "2:0.3")
+    started = time.monotonic()
+    hold_after_checkpoint(2)
+    assert 0.3 <= time.monotonic() - started < 0.5
+    monkeypatch.setenv(interrupts.HOLD_ENV, "2")
     monkeypatch.setattr(interrupts, "_HOLD_MAX_S", 30.0)
     started = time.monotonic()
     with terminate_as_interrupt(), pytest.raises(KeyboardInterrupt):
