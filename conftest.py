@@ -21,6 +21,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.ge
 # Keep DeepSpeed on its CPU accelerator unless a GPU run asks otherwise.
 if not os.environ.get("REPRO_GPU_TESTS"):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # Nothing on the CPU suites uses torch.compile, yet every ZeRO engine imports DeepSpeed's Muon
+    # module (its optimizer type check), whose @torch.compile decorators import torch._inductor:
+    # about 1.4 s per rank process. torch's own switch makes those decorators no-ops. Every rank,
+    # Ray worker and job the suites start inherits it.
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 def require_cuda_gpus(n: int) -> None:
