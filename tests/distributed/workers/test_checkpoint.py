@@ -138,6 +138,9 @@ def _load_after_crash(rank: int, world: int, model_dir: str, root: str) -> dict:
     found = store.resume()
     extra = worker.load_checkpoint(str(found.path / "actor"))
     before = sorted(p.name for p in Path(root).iterdir())
+    # Every rank has looked before rank 0's begin() clears the debris (seen in CI: rank 1 listed
+    # the folder while rank 0 was between removing and re-creating global_step_2.tmp).
+    torch.distributed.barrier()
     _store_save(worker, store, rank, 2, {"data_position": 2})
     return {"extra": extra, "before": before, "after": sorted(p.name for p in Path(root).iterdir())}
 
