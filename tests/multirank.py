@@ -349,8 +349,11 @@ def run_ranks(
             ]
             if bad or silent:
                 # Several ranks may be dead by the time we look (a peer's gloo error follows the
-                # real failure): blame the one whose log went quiet first.
-                failed = min(bad + silent, key=lambda r: _mtime_ns(rank_paths[r]["log"]))
+                # real failure): blame one killed by a signal first (its peers only exit on the
+                # error it causes), then the one whose log went quiet first. Log times alone can
+                # tie: mtimes move in clock ticks of a few ms, and a peer's error can come that fast.
+                failed = min(bad + silent, key=lambda r: (not (procs[r].exitcode or 0) < 0,
+                                                          _mtime_ns(rank_paths[r]["log"])))
                 break
             if not running:
                 break

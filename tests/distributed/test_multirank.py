@@ -80,6 +80,9 @@ def _seconds_since_failure(mark_dir: pathlib.Path) -> float:
 def _raise_in_rank1_while_rank0_sleeps(rank: int, world_size: int, mark_dir: str) -> None:
     pathlib.Path(mark_dir, f"pid{rank}").write_text(str(os.getpid()))
     if rank == 1:
+        # Only once rank 0 has written its pid: the test checks that this very process was killed.
+        while not pathlib.Path(mark_dir, "pid0").exists():
+            time.sleep(0.01)
         _mark_failure_time(mark_dir)
         raise ValueError("bad batch shape on purpose")
     time.sleep(300)
