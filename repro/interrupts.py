@@ -71,9 +71,7 @@ def hold_after_checkpoint(step: int) -> None:
     if target != str(step):
         return
     logging.getLogger("repro.trainer").warning("holding after the step-%d checkpoint (%s)", step, HOLD_ENV)
-    deadline = time.monotonic() + (float(seconds) if seconds else _HOLD_MAX_S)
-    while time.monotonic() < deadline:
-        time.sleep(0.1)
+    time.sleep(float(seconds) if seconds else _HOLD_MAX_S)  # a signal's handler raises out of it
 
 
 @contextlib.contextmanager

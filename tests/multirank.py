@@ -125,12 +125,12 @@ def _rank_main(
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     try:
         run_in_group(payload, rank, world_size, run_dir, backend, deepspeed, timeout_s, paths["result"])
-        # The result is on disk. Skip interpreter finalisation: C++ static destructors of torch /
-        # gloo threads now and then abort a finished rank ("terminate called without an active
-        # exception", no Python frame on the stack), which would fail a test that passed.
-        for stream in (sys.stdout, sys.stderr, log):
-            stream.flush()
-        os._exit(0)
+        # The result is on disk: leave without interpreter finalisation, whose C++ static
+        # destructors now and then abort a finished rank (see exit_rank_process).
+        from repro.distributed import exit_rank_process
+
+        log.flush()
+        exit_rank_process(0)
     except BaseException:  # noqa: B036 - SystemExit/KeyboardInterrupt in fn are failures too
         text = traceback.format_exc()
         paths["error"].write_text(text)
@@ -161,7 +161,7 @@ def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backe
 
         init_distributed()
     # run_ranks starts the task's clock here: start-up (spawn, imports, group) has a limit of its own.
-    (pathlib.Path(run_dir) / f"rank{rank}.ready").touch()
+    _rank_paths(pathlib.Path(run_dir), rank)["ready"].touch()
     result = fn(rank, world_size, *args)
     tmp = result_path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
