@@ -78,15 +78,14 @@ class PPOTrainer:
     """Drives one run: builds the worker group, loops over steps, writes the run directory."""
 
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
-        from transformers import AutoTokenizer
-
         from repro.data.prompts import PromptDataset
+        from repro.data.tokenizer import load_tokenizer
         from repro.rewards import get_reward_fn
 
         self.cfg, self.paths = cfg, paths
         self.get_reward_fn = get_reward_fn
         model = cfg.actor_rollout_ref.model
-        self.tokenizer = AutoTokenizer.from_pretrained(model.tokenizer_path or model.path)
+        self.tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
         self.train_ds = PromptDataset.from_config(cfg.data.train_files, self.tokenizer, cfg.data)
         self.val_ds = PromptDataset.from_config(cfg.data.val_files, self.tokenizer, cfg.data, shuffle=False)
         self.batch_size = cfg.data.train_batch_size

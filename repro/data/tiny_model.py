@@ -13,10 +13,14 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedModel, Qwen3Config
+
+# transformers' config and model classes are imported where they are used: a job's driver needs
+# only TinyShape (the tiny policy's cache key), and the model classes cost ~1.5 CPU s to import.
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, Qwen3Config
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class TinyShape:
 def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int,
                 shape: TinyShape | None = None) -> Qwen3Config:
     """Config of the tiny policy for a tokenizer with these ids."""
+    from transformers import Qwen3Config
+
     shape = shape or TinyShape()
     return Qwen3Config(
         vocab_size=vocab_size,
@@ -78,6 +84,8 @@ TOY_VOCAB = 64
 
 def toy_qwen3_config(**overrides: Any) -> Qwen3Config:
     """The toy Qwen3 of the distributed tests; ``overrides`` are ``Qwen3Config`` keyword arguments."""
+    from transformers import Qwen3Config
+
     kwargs: dict[str, Any] = {
         "vocab_size": TOY_VOCAB,
         "hidden_size": 32,
@@ -95,6 +103,8 @@ def toy_qwen3_config(**overrides: Any) -> Qwen3Config:
 
 def qwen3_0p6b_config() -> Qwen3Config:
     """The architecture of Qwen/Qwen3-0.6B (values from its published config.json)."""
+    from transformers import Qwen3Config
+
     return Qwen3Config(
         vocab_size=151936,
         hidden_size=1024,
@@ -118,6 +128,8 @@ def build_model(config: Qwen3Config, seed: int = 0, dtype: torch.dtype = torch.f
 
     ``device="meta"`` builds the module structure without memory (for counting parameters).
     """
+    from transformers import AutoModelForCausalLM
+
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -138,6 +150,8 @@ def save_model(model: PreTrainedModel, out_dir: str | os.PathLike[str]) -> Path:
 
 def load_model(path: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> PreTrainedModel:
     """Load a Hugging Face model folder (the tiny policy or a real checkpoint)."""
+    from transformers import AutoModelForCausalLM
+
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ValueError(f"model path {path} has no config.json; expected a Hugging Face model folder")

@@ -14,22 +14,24 @@ would come back with a space between every character.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# How transformers names a plain tokenizers-backed class in tokenizer_config.json (5.x, 4.x).
+_FAST_CLASS_NAMES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
     """The character tokenizer as a ``PreTrainedTokenizerFast``."""
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    backend = Tokenizer(models.WordLevel(vocab=_vocab(), unk_token=UNK))
     # Each character is its own pre-token; "isolated" keeps spaces and newlines as tokens.
     backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     backend.decoder = decoders.Fuse()
@@ -54,9 +56,33 @@ def save_tokenizer(out_dir: str | os.PathLike[str]) -> Path:
     return out
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """Load any tokenizer folder (the char tokenizer or a real model's) through ``AutoTokenizer``."""
+def _vocab() -> dict[str, int]:
+    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(CHARACTERS))}
+
+
+def is_char_tokenizer(path: str | os.PathLike[str]) -> bool:
+    """Whether folder ``path`` holds this character tokenizer as ``save_tokenizer`` wrote it."""
+    try:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+        model = json.loads((Path(path) / "tokenizer.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return (config.get("tokenizer_class") in _FAST_CLASS_NAMES and "auto_map" not in config
+            and model.get("type") == "WordLevel" and model.get("vocab") == _vocab())
+
+
+def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load any tokenizer folder (the char tokenizer or a real model's) as ``AutoTokenizer`` does.
+
+    The char tokenizer's own folder is loaded as the ``PreTrainedTokenizerFast`` it was saved as,
+    which is what ``AutoTokenizer`` returns for it (a unit test compares them): importing
+    ``AutoTokenizer`` imports every model's tokenizer mapping, ~1.5 CPU s in each job's driver.
+    """
     path = Path(path)
     if not path.is_dir():
         raise ValueError(f"tokenizer path {path} is not a directory")
-    return AutoTokenizer.from_pretrained(path)
+    if is_char_tokenizer(path):
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)

@@ -62,7 +62,9 @@ class HFRollout:
     """Sampling with ``model.generate`` on a private copy of the policy."""
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None) -> None:
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from repro.data.tokenizer import load_tokenizer
 
         model_cfg = cfg.actor_rollout_ref.model
         rollout = cfg.actor_rollout_ref.rollout
@@ -76,9 +78,7 @@ class HFRollout:
             raise ValueError(f"actor_rollout_ref.model.path={model_cfg.path!r} has no config.json")
         self.cfg = cfg
         self.device = device or default_device()
-        self.tokenizer = AutoTokenizer.from_pretrained(
-            model_cfg.tokenizer_path or model_cfg.path, trust_remote_code=model_cfg.trust_remote_code
-        )
+        self.tokenizer = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         hf_config = AutoConfig.from_pretrained(model_cfg.path, trust_remote_code=model_cfg.trust_remote_code)
         for key, value in model_cfg.override_config.items():
             setattr(hf_config, key, value)

@@ -75,7 +75,7 @@ class VLLMRollout:
     """Sampling with a colocated vLLM engine, weights pushed from the actor every step."""
 
     def __init__(self, cfg: RunConfig, device: torch.device | None = None) -> None:
-        from transformers import AutoTokenizer
+        from repro.data.tokenizer import load_tokenizer
 
         self.cfg = cfg
         self.device = device or default_device()
@@ -83,8 +83,7 @@ class VLLMRollout:
             raise ValueError("actor_rollout_ref.rollout.name=vllm needs CUDA (trainer.device=cuda); "
                              "use actor_rollout_ref.rollout.name=hf on CPU")
         model_cfg = cfg.actor_rollout_ref.model
-        tok = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
-                                            trust_remote_code=model_cfg.trust_remote_code)
+        tok = load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         self.eos_id = tok.eos_token_id
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else self.eos_id
         if self.eos_id is None:

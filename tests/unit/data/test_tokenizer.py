@@ -48,3 +48,54 @@ def test_saved_folder_loads_with_auto_tokenizer_and_keeps_the_plain_template(tmp
 def test_loading_from_a_missing_folder_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         load_tokenizer(tmp_path / "nope")
+
+
+@pytest.fixture(scope="module")
+def policy_folder(tmp_path_factory):
+    """The tiny policy's folder layout: the tokenizer beside a Qwen3 config (AutoTokenizer reads both)."""
+    from repro.data.tiny_model import tiny_config
+
+    out = save_tokenizer(tmp_path_factory.mktemp("policy"))
+    tiny_config(len(TOK), TOK.pad_token_id, TOK.bos_token_id, TOK.eos_token_id).save_pretrained(out)
+    return out
+
+
+@given(text=ascii_text)
+def test_the_char_tokenizer_folder_loads_as_auto_tokenizer_loads_it(policy_folder, text):
+    ours, auto = load_tokenizer(policy_folder), AutoTokenizer.from_pretrained(policy_folder)
+    assert type(ours) is type(auto)
+    assert ours.get_vocab() == auto.get_vocab()
+    assert ours.special_tokens_map == auto.special_tokens_map
+    assert (ours.padding_side, ours.chat_template) == (auto.padding_side, auto.chat_template)
+    assert ours(text)["input_ids"] == auto(text)["input_ids"]
+    assert ours(["1+2", text], padding=True)["attention_mask"] == auto(["1+2", text], padding=True)["attention_mask"]
+
+
+def test_only_this_char_tokenizer_takes_the_direct_load(policy_folder, tmp_path):
+    from repro.data.tokenizer import is_char_tokenizer
+
+    assert is_char_tokenizer(policy_folder)
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (other / name).write_text((policy_folder / name).read_text())
+    assert is_char_tokenizer(other)
+    # Another vocabulary (a token renamed) is some other tokenizer: AutoTokenizer decides.
+    (other / "tokenizer.json").write_text((policy_folder / "tokenizer.json").read_text().replace('"~"', '"~~"', 1))
+    assert not is_char_tokenizer(other)
+    assert not is_char_tokenizer(tmp_path / "missing")
+
+
+def test_a_driver_loads_the_tiny_policy_without_importing_model_classes(policy_folder):
+    """What a job's driver imports to resolve ``model.path=tiny`` and load its tokenizer: the model
+    classes and AutoTokenizer's mapping stay out (~1.2 CPU s per job; the ranks import them)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport repro.trainer, repro.data.sft\nfrom repro.data.tokenizer import load_tokenizer\n"
+            f"load_tokenizer({str(policy_folder)!r})\n"
+            "print([m for m in ('transformers.models.auto.modeling_auto', 'transformers.models.auto.tokenization_auto',"
+            " 'transformers.models.qwen3.modeling_qwen3') if m in sys.modules])")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
