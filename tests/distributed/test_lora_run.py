@@ -12,14 +12,14 @@ from repro.metrics import MetricsLog
 from tests.distributed.test_trainer import ROOT, RUNNER, _env
 
 LORA = [
-    "trainer.device=cpu", "trainer.progress=plain", "trainer.total_training_steps=30", "trainer.test_freq=-1",
+    "trainer.device=cpu", "trainer.progress=plain", "trainer.total_training_steps=20", "trainer.test_freq=-1",
     "trainer.save_freq=-1", "actor_rollout_ref.model.lora_rank=16", "actor_rollout_ref.model.lora_alpha=32",
     "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.use_kl_loss=True",
     "actor_rollout_ref.actor.kl_loss_coef=0.001",
 ]
 
 
-@pytest.mark.slow  # a 30-step job of the full grpo_tiny batch: about 45 s on 2 quiet cores
+@pytest.mark.slow  # a 20-step job of the full grpo_tiny batch: about 30 s on 2 quiet cores
 def test_grpo_with_lora_actor_learns(tmp_path, ray_head):
     out = tmp_path / "lora"
     cmd = [sys.executable, "-c", RUNNER, "grpo_tiny", *LORA, f"trainer.output_dir={out}"]
@@ -27,7 +27,8 @@ def test_grpo_with_lora_actor_learns(tmp_path, ray_head):
     assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     rows = MetricsLog(out / "metrics.tsv").rows
     scores = [r["critic/score/mean"] for r in rows]
-    assert len(scores) == 30
-    # measured 2026-11-23 (rebuilt tiny policy, no KL loss): 0.33 -> tail-5 0.41 in 30 steps
+    assert len(scores) == 20
+    # Measured 2026-11-23 on CPU: first-5 mean 0.301 -> last-5 0.390 (+0.088). A 30-step run has
+    # the same first 20 steps and ends at +0.098: the extra third of the cost adds little margin.
     assert sum(scores[-5:]) / 5 > sum(scores[:5]) / 5 + 0.05, scores
     assert all(r["actor/kl_loss"] >= 0 for r in rows)
