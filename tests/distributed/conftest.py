@@ -15,6 +15,12 @@ from tests.rank_pool import RankPool
 
 _HERE = pathlib.Path(__file__).parent.resolve()
 
+# Every Ray node a test starts (the shared heads, the multinode cluster, the jobs that start their
+# own) would pre-start one idle Python worker per CPU; a job's ranks are actors with a runtime
+# environment of their own and never use them, so each was ~1 CPU s of start-up and ~0.4% of a
+# core while the node lived. Inherited by every job the tests start.
+os.environ.setdefault("RAY_enable_worker_prestart", "0")
+
 
 # Modules whose tests take a minute or more each on 2 cores (real Ray jobs; dozens of 2-rank
 # property examples). They go first, so that pytest-xdist hands them out before the short tests
