@@ -28,6 +28,13 @@ PYTEST = [sys.executable, "-m", "pytest"]
 CPU_ENV = {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def _bytecode(session: nox.Session) -> None:
+    """Compile repro/ and tests/ once: the suites start a few hundred Python processes, and with
+    PYTHONDONTWRITEBYTECODE=1 (set on the CI machine) each would compile every module it imports
+    (~10 CPU s a suite). A stale file is recompiled in memory by each process, as without this."""
+    session.run(sys.executable, "-m", "compileall", "-q", "-j", "0", "repro", "tests", silent=True)
+
+
 def _profile() -> dict[str, str]:
     return {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")}
 
@@ -41,6 +48,7 @@ def unit(session: nox.Session) -> None:
 @nox.session
 def distributed(session: nox.Session) -> None:
     """Multi-rank tests on gloo, two at a time; worker tests share each xdist worker's warm rank pool."""
+    _bytecode(session)
     session.run(*PYTEST, "tests/distributed", "-n", "2", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
 
 
@@ -54,6 +62,7 @@ def slow(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """What CI runs: the fast unit suite, then distributed and slow tests on 2 workers (no GPU gate)."""
     unit(session)
+    _bytecode(session)
     session.run(
         *PYTEST, "tests/distributed", "tests/unit", "-m", "distributed or slow", "-n", "2", "-q",
         *session.posargs, env={**CPU_ENV, **_profile()},
