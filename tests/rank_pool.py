@@ -26,7 +26,6 @@ import pickle
 import signal
 import time
 import traceback
-from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for
 
 from tests.multirank import (
@@ -38,6 +37,7 @@ from tests.multirank import (
     _kill,
     _mtime_ns,
     _new_run_dir,
+    _rank_context,
     _rank_paths,
     _rank_report,
     _tag,
@@ -124,7 +124,7 @@ class RankPool:
     # ---- life cycle ----------------------------------------------------------------------------
 
     def _start(self) -> None:
-        ctx = get_context("spawn")
+        ctx = _rank_context()
         self._procs, self._conns = [], []
         for r in range(self.size):
             parent, child = ctx.Pipe()
