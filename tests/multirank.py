@@ -99,9 +99,12 @@ def _rank_main(
     deepspeed: bool,
     timeout_s: float,
     backend: str = "gloo",
+    parent_env: dict[str, str] | None = None,
 ) -> None:
     """Entry point of one rank. Sets the environment before importing anything that reads it
-    (DeepSpeed, the test module); torch, already imported, gets its thread count set explicitly."""
+    (DeepSpeed, the test module); torch, already imported, gets its thread count set explicitly.
+    ``parent_env`` is the test process's environment when the ranks started (a forked rank
+    would otherwise see the forkserver's, from when the server started)."""
     # Own process group: the parent can kill this rank together with anything it started.
     os.setsid()
     _die_with_parent()
@@ -122,6 +125,9 @@ def _rank_main(
     stack_file = open(paths["stack"], "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
+    if parent_env is not None:
+        os.environ.clear()
+        os.environ.update(parent_env)
     os.environ.update(rank_env(rank, world_size))
     if backend == "nccl":
         # The root conftest sets DS_ACCELERATOR=cpu for CPU suites; NCCL ranks run DeepSpeed on
@@ -343,7 +349,8 @@ def run_ranks(
     ctx = _rank_context()
     procs = [
         ctx.Process(target=_rank_main, name=f"multirank-rank{r}", daemon=True,
-                    args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s), backend))
+                    args=(payload, r, world_size, str(run_dir), env, deepspeed, float(timeout_s), backend,
+                          dict(os.environ)))
         for r in range(world_size)
     ]
     start = time.monotonic()

@@ -88,7 +88,9 @@ def _pool_rank_main(conn, rank: int, env: dict[str, str]) -> None:
     """Entry point of one pool rank: import the heavy libraries once, then serve tasks."""
     os.setsid()
     _die_with_parent()
-    os.environ.update({**rank_env(rank, 1), "DS_ACCELERATOR": "cpu", **env})
+    # The pool's process environment is the test process's at start-up, not the forkserver's.
+    os.environ.clear()
+    os.environ.update({**env, **rank_env(rank, 1), "DS_ACCELERATOR": "cpu"})
     import torch
 
     from repro.distributed import disable_deepspeed_shm_op
@@ -128,7 +130,7 @@ class RankPool:
         self._procs, self._conns = [], []
         for r in range(self.size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_pool_rank_main, args=(child, r, {}), name=f"rankpool-rank{r}", daemon=True)
+            proc = ctx.Process(target=_pool_rank_main, args=(child, r, dict(os.environ)), name=f"rankpool-rank{r}", daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)

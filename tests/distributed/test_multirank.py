@@ -68,6 +68,18 @@ def test_results_come_back_indexed_by_rank_after_a_real_all_reduce(multirank):
         }
 
 
+def _late_knob(rank: int, world_size: int) -> str | None:
+    return os.environ.get("REPRO_LATE_KNOB")
+
+
+def test_ranks_see_the_test_process_environment_as_it_is_when_they_start(multirank, monkeypatch):
+    # The ranks fork from a server started with the first ranks of this process: a variable set
+    # after that must still reach them, as it did when every rank was spawned from the test.
+    multirank(_late_knob, world_size=1, deepspeed=False)
+    monkeypatch.setenv("REPRO_LATE_KNOB", "set late")
+    assert multirank(_late_knob, world_size=2, deepspeed=False) == ["set late", "set late"]
+
+
 def _mark_failure_time(mark_dir: str) -> None:
     """Wall-clock time of the failure, so tests time the report, not the ranks' start-up."""
     pathlib.Path(mark_dir, "failed_at").write_text(repr(time.time()))
