@@ -84,13 +84,13 @@ def _run_task(conn, task: tuple, rank: int, snapshot) -> None:
     conn.send((answer, rank))
 
 
-def _pool_rank_main(conn, rank: int, env: dict[str, str]) -> None:
-    """Entry point of one pool rank: import the heavy libraries once, then serve tasks."""
+def _pool_rank_main(conn, rank: int, parent_env: dict[str, str]) -> None:
+    """Entry point of one pool rank: import the heavy libraries once, then serve tasks.
+    ``parent_env`` is the test process's environment at the pool's start (not the forkserver's)."""
     os.setsid()
     _die_with_parent()
-    # The pool's process environment is the test process's at start-up, not the forkserver's.
     os.environ.clear()
-    os.environ.update({**env, **rank_env(rank, 1), "DS_ACCELERATOR": "cpu"})
+    os.environ.update({**parent_env, **rank_env(rank, 1), "DS_ACCELERATOR": "cpu"})
     import torch
 
     from repro.distributed import disable_deepspeed_shm_op
@@ -130,7 +130,8 @@ class RankPool:
         self._procs, self._conns = [], []
         for r in range(self.size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_pool_rank_main, args=(child, r, dict(os.environ)), name=f"rankpool-rank{r}", daemon=True)
+            proc = ctx.Process(target=_pool_rank_main, args=(child, r, dict(os.environ)), name=f"rankpool-rank{r}",
+                               daemon=True)
             proc.start()
             child.close()
             self._procs.append(proc)

@@ -27,6 +27,8 @@ CHARACTERS = "\n" + "".join(chr(c) for c in range(32, 127))
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 # How transformers names a plain tokenizers-backed class in tokenizer_config.json (5.x, 4.x).
 _FAST_CLASS_NAMES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+# The char tokenizer's tokenizer.json is about 3 KB; anything far larger is another tokenizer.
+_CHAR_TOKENIZER_MAX_BYTES = 64 * 1024
 
 
 def build_tokenizer() -> PreTrainedTokenizerFast:
@@ -61,14 +63,22 @@ def _vocab() -> dict[str, int]:
 
 
 def is_char_tokenizer(path: str | os.PathLike[str]) -> bool:
-    """Whether folder ``path`` holds this character tokenizer as ``save_tokenizer`` wrote it."""
+    """Whether folder ``path`` holds this character tokenizer as ``save_tokenizer`` wrote it.
+
+    Cheap for any other folder: a real model's tokenizer.json (megabytes) is never parsed; its
+    tokenizer_config.json names another class, or its size gives it away.
+    """
+    path = Path(path)
     try:
-        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
-        model = json.loads((Path(path) / "tokenizer.json").read_text())["model"]
-    except (OSError, ValueError, KeyError, TypeError):
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        if config.get("tokenizer_class") not in _FAST_CLASS_NAMES or "auto_map" in config:
+            return False
+        if (path / "tokenizer.json").stat().st_size > _CHAR_TOKENIZER_MAX_BYTES:
+            return False
+        model = json.loads((path / "tokenizer.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    return (config.get("tokenizer_class") in _FAST_CLASS_NAMES and "auto_map" not in config
-            and model.get("type") == "WordLevel" and model.get("vocab") == _vocab())
+    return model.get("type") == "WordLevel" and model.get("vocab") == _vocab()
 
 
 def load_tokenizer(path: str | os.PathLike[str], trust_remote_code: bool = False) -> PreTrainedTokenizerBase:

@@ -84,6 +84,9 @@ def test_only_this_char_tokenizer_takes_the_direct_load(policy_folder, tmp_path)
     (other / "tokenizer.json").write_text((policy_folder / "tokenizer.json").read_text().replace('"~"', '"~~"', 1))
     assert not is_char_tokenizer(other)
     assert not is_char_tokenizer(tmp_path / "missing")
+    # A large tokenizer.json (a real model's, megabytes) is never parsed: its size settles it.
+    (other / "tokenizer.json").write_text((policy_folder / "tokenizer.json").read_text() + " " * 70_000)
+    assert not is_char_tokenizer(other)
 
 
 def test_a_driver_loads_the_tiny_policy_without_importing_model_classes(policy_folder):
