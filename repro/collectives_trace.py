@@ -7,7 +7,7 @@ From code::
 
 Inside any launcher (torchrun, Ray workers): set ``REPRO_COLLECTIVES_TRACE=<dir>`` (and optionally
 ``REPRO_COLLECTIVES_CHECK=every|sample:N|off``, ``REPRO_COLLECTIVES_TIMEOUT_S``) and call
-:func:`install_from_env` early (``repro.distributed.init_distributed`` does), or start the script
+:func:`install_from_env` early (``repro.cluster.process_group.init_distributed`` does), or start the script
 through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``). From the shell::
 
     python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- script.py ARGS
@@ -23,21 +23,24 @@ PyTorch Flight Recorder dumps (alone, or beside our files for what ran below the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import pathlib
 import runpy
 import sys
 import time
-from collections.abc import Iterator
 
 from repro.collectives import record
 from repro.collectives.align import Divergence, first_divergence
-from repro.collectives.check import CHECK_CHOICES, Checker, CheckMode, CollectiveMismatchError
+from repro.collectives.check import CHECK_CHOICES, CheckMode, CollectiveMismatchError
 from repro.collectives.events import RankTrace, read_trace_dir
 from repro.collectives.flight_recorder import read_dump_dir
 from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
+from repro.collectives.session import (
+    ENV_DIR,
+    install_from_env,
+    trace_collectives,
+)
 
 __all__ = [
     "CollectiveMismatchError",
@@ -47,66 +50,6 @@ __all__ = [
     "load_traces",
     "trace_collectives",
 ]
-
-ENV_DIR = "REPRO_COLLECTIVES_TRACE"
-ENV_CHECK = "REPRO_COLLECTIVES_CHECK"
-ENV_TIMEOUT = "REPRO_COLLECTIVES_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 300.0
-_sessions = 0
-
-
-def start(
-    out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S
-) -> record.Tracer:
-    """Begin tracing in this process (see :func:`trace_collectives`); :func:`stop` ends it."""
-    global _sessions
-    mode = CheckMode.parse(check)
-    # Ranks must agree on the session name (it prefixes the store keys): count sessions per process.
-    _sessions += 1
-    session = str(_sessions)
-    checker = Checker(mode, timeout_s, session) if mode.every else None
-    tracer = record.Tracer(out_dir, checker=checker, session=session)
-    record.install(tracer)
-    return tracer
-
-
-def stop() -> None:
-    record.uninstall()
-
-
-@contextlib.contextmanager
-def trace_collectives(
-    out_dir: str | os.PathLike, check: str = "off", timeout_s: float = DEFAULT_TIMEOUT_S
-) -> Iterator[record.Tracer]:
-    """Trace every collective of this process into ``out_dir/rank{R}.jsonl`` while the block runs.
-
-    ``check``: ``off`` (record only), ``every`` or ``sample:N``: compare the call across the
-    group's ranks before it runs and raise :class:`CollectiveMismatchError` on a difference or
-    when a peer does not arrive within ``timeout_s``. All ranks must enter the block in the
-    same order.
-    """
-    tracer = start(out_dir, check, timeout_s)
-    try:
-        yield tracer
-    finally:
-        stop()
-
-
-def install_from_env() -> record.Tracer | None:
-    """Start tracing when ``REPRO_COLLECTIVES_TRACE`` is set; no-op otherwise or when already on."""
-    out = os.environ.get(ENV_DIR)
-    if not out:
-        return None
-    if record.active() is not None:
-        record.patch_deepspeed_backend()
-        return record.active()
-    raw_timeout = os.environ.get(ENV_TIMEOUT, str(DEFAULT_TIMEOUT_S))
-    try:
-        timeout_s = float(raw_timeout)
-    except ValueError:
-        raise ValueError(f"{ENV_TIMEOUT}={raw_timeout!r} is not a number of seconds") from None
-    CheckMode.parse(os.environ.get(ENV_CHECK, "off"), source=ENV_CHECK)
-    return start(out, os.environ.get(ENV_CHECK, "off"), timeout_s)
 
 
 def load_traces(directory: str | os.PathLike) -> dict[int, RankTrace]:

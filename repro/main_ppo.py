@@ -1,6 +1,6 @@
 """Entry point: ``python -m repro.main_ppo -cn ppo_trainer key=value ...`` (verl's command line).
 
-The config is built by :func:`repro.config_loader.load_config` (Hydra compose; no ``@hydra.main``
+The config is built by :func:`repro.config.loader.load_config` (Hydra compose; no ``@hydra.main``
 side effects). With ``trainer.dry_run=true`` nothing starts: the effective plan is printed and
 the last line of stdout is one JSON object (DeepSpeed config per role, batch split, env knobs,
 warnings). Otherwise :func:`repro.trainer.run` runs the job. A bad config exits with status 2
@@ -61,8 +61,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
-    from repro.config_loader import ConfigWarning, load_config
-    from repro.preflight import InputError, preflight
+    from repro.config.loader import ConfigWarning, load_config
+    from repro.run.preflight import InputError, preflight
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -72,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             notes += preflight(cfg, dry=cfg.trainer.dry_run)
             plan = None
             if cfg.trainer.dry_run:
-                from repro.plan import effective_plan
+                from repro.config.plan import effective_plan
 
                 plan = effective_plan(cfg)
     except ValueError as e:
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"warning: {note}", file=sys.stderr)
 
     if plan is not None:
-        from repro.plan import plan_summary
+        from repro.config.plan import plan_summary
 
         plan["warnings"] = notes + plan["warnings"]
         print(f"repro dry run of {config_name!r}: nothing is started")
@@ -95,10 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(plan, sort_keys=True))
         return 0
 
-    from repro.interrupts import INTERRUPTED_EXIT
-    from repro.placement import NodeLostError, PlacementError
-    from repro.run_claim import claim_run
-    from repro.worker_errors import WorkerError
+    from repro.cluster.errors import WorkerError
+    from repro.cluster.placement import NodeLostError, PlacementError
+    from repro.run.claim import claim_run
+    from repro.run.interrupts import INTERRUPTED_EXIT
 
     try:
         with claim_run(cfg) as claim:  # a live holder or a changed config: refused before the heavy imports

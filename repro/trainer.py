@@ -1,7 +1,7 @@
 """The single-controller PPO / GRPO loop (DESIGN.md, "Data flow of one RL step").
 
 The driver owns the data, the rewards, the advantages and the bookkeeping; the ranks (one
-``HybridWorker`` each, hosted by ``repro.cluster.WorkerGroup``) own the models. One step:
+``HybridWorker`` each, hosted by ``repro.cluster.worker_group.WorkerGroup``) own the models. One step:
 
     prompts -> rollout (synced weights) -> rewards (driver) -> old log-probs -> ref log-probs
     (if KL) -> values (PPO) -> advantages (driver) -> update critic -> update actor
@@ -24,15 +24,15 @@ from typing import Any
 import psutil
 import torch
 
-from repro import algorithms
-from repro.advantages import compute_advantage
-from repro.batch import Batch, concat_batches, pick, shard_batch, split_list
-from repro.checkpoint_store import CheckpointStore, write_json_atomic
-from repro.cluster import WorkerGroup, shutdown_ray
+from repro.batching.batch import Batch, concat_batches, pick, shard_batch, split_list
+from repro.cluster.errors import WorkerError
+from repro.cluster.signals import ignore_signals
+from repro.cluster.worker_group import WorkerGroup, shutdown_ray
 from repro.config import RunConfig, critic_enabled, ref_policy_used
-from repro.config_rules import fill_optimizer_steps
-from repro.interrupts import hold_after_checkpoint, ignore_signals, mark_interrupted
-from repro.metrics import (
+from repro.config.rules import fill_optimizer_steps
+from repro.rl import algorithms
+from repro.rl.advantages import compute_advantage
+from repro.rl.metrics import (
     MetricsLog,
     StepReporter,
     log,
@@ -44,8 +44,7 @@ from repro.metrics import (
     timer,
     write_summary,
 )
-from repro.resume_check import describe_changes
-from repro.rl_batch import (
+from repro.rl.step import (
     KLController,
     apply_kl_penalty,
     batch_metrics,
@@ -54,8 +53,11 @@ from repro.rl_batch import (
     timing_per_token_ms,
     token_level_scores,
 )
-from repro.run_claim import Claim, claim_run
-from repro.run_setup import (
+from repro.rl.validation_metrics import validation_metrics
+from repro.run.checkpoints import CheckpointStore, write_json_atomic
+from repro.run.claim import Claim, claim_run
+from repro.run.interrupts import hold_after_checkpoint, mark_interrupted
+from repro.run.paths import (
     RunPaths,
     resolve_builtin_assets,
     run_state,
@@ -63,8 +65,7 @@ from repro.run_setup import (
     write_config_yaml,
     write_run_state,
 )
-from repro.validation_metrics import validation_metrics
-from repro.worker_errors import WorkerError
+from repro.run.resume import describe_changes
 from repro.workers.hybrid import HybridWorker
 
 # What each worker call needs from the batch (the rest stays on the driver).
@@ -329,7 +330,7 @@ def _f(x: Any) -> str:
 def run(cfg: RunConfig, claim: Claim | None = None) -> Path:
     """Run PPO / GRPO as configured; returns the run directory (metrics, summary, curves, logs).
 
-    The run folder is claimed first (``repro.run_claim``: lock, same-run check; ``InputError``)
+    The run folder is claimed first (``repro.run.claim``: lock, same-run check; ``InputError``)
     unless the caller did. Ctrl-C / SIGTERM end in ``KeyboardInterrupt`` after ``run.json`` says
     ``interrupted``; a rank's failure in ``WorkerError`` (one line; the traceback is in ``train.log``).
     """

@@ -1,4 +1,4 @@
-"""Write results/preflight_bad_inputs.md: every bad input of tests/unit/test_preflight.py, run as
+"""Write results/preflight_bad_inputs.md: every bad input of tests/unit/run/test_preflight.py, run as
 ``python -m repro.main_ppo`` subprocesses, with exit status, seconds to fail and the message.
 
     PYTHONPATH=. DS_ACCELERATOR=cpu python scripts/preflight_bad_inputs.py [results/preflight_bad_inputs.md]
@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.unit.test_preflight import BASE, bad_inputs, make_inputs, run_subprocess
+from tests.unit.run.test_preflight import BASE, bad_inputs, make_inputs, run_subprocess
 
 
 def main(out: Path) -> int:

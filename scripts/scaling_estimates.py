@@ -4,7 +4,7 @@
 
 - parameter counts: the Qwen3 models built from their published ``config.json`` shapes with
   ``transformers`` on the meta device (nothing downloaded, nothing allocated);
-- batch split: repro's own ``repro.batching.plan_batch`` (what a run would do, or refuse);
+- batch split: repro's own ``repro.batching.plan.plan_batch`` (what a run would do, or refuse);
 - ZeRO model-state memory per GPU: DeepSpeed's own estimators
   (``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``);
 - checkpoint bytes, collective bytes and driver traffic: arithmetic written out below, from
@@ -18,7 +18,7 @@ import transformers
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-from repro.batching import BatchParams, plan_batch
+from repro.batching.plan import BatchParams, plan_batch
 
 # Shapes from Qwen/Qwen3-{0.6B,8B,32B}/config.json.
 QWEN3 = {
@@ -132,7 +132,7 @@ def main() -> None:
     print("## parameters (meta-device build)\n")
     for name, (total, largest) in sizes.items():
         print(f"- Qwen3-{name}: {total:,} parameters; largest single tensor {largest:,}")
-    for title, rows in (("batch split (repro.batching.plan_batch)", batch_table()),
+    for title, rows in (("batch split (repro.batching.plan.plan_batch)", batch_table()),
                         ("ZeRO model states per GPU (DeepSpeed estimators)", memory_table(sizes)),
                         ("checkpoint per save", checkpoint_table(sizes)),
                         ("collective bytes sent per rank per RL step", collective_table(sizes)),

@@ -145,7 +145,7 @@ def _rank_main(
         run_in_group(payload, rank, world_size, run_dir, backend, deepspeed, timeout_s, paths["result"])
         # The result is on disk: leave without interpreter finalisation, whose C++ static
         # destructors now and then abort a finished rank (see exit_rank_process).
-        from repro.distributed import exit_rank_process
+        from repro.cluster.process_group import exit_rank_process
 
         log.flush()
         exit_rank_process(0)
@@ -175,7 +175,7 @@ def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backe
         torch.cuda.set_device(rank)
     dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, timeout=wait)
     if deepspeed:
-        from repro.distributed import init_distributed
+        from repro.cluster.process_group import init_distributed
 
         init_distributed()
     # run_ranks starts the task's clock here: start-up (spawn, imports, group) has a limit of its own.
@@ -325,7 +325,7 @@ def run_ranks(
     its process group (and DeepSpeed); start-up (spawn, imports, group) has its own limit of
     ``START_TIMEOUT_S``, so a short ``timeout_s`` means the same on a loaded machine. ``env`` is applied after the harness's own variables, so
     it may override them. With ``deepspeed=True`` each rank also calls
-    ``repro.distributed.init_distributed()`` on the harness's group. Rank logs, results and the
+    ``repro.cluster.process_group.init_distributed()`` on the harness's group. Rank logs, results and the
     FileStore live in a fresh ``tmp_path/multirank<i>`` directory.
 
     ``backend="gloo"`` (default) runs on CPU with ``DS_ACCELERATOR=cpu``. ``backend="nccl"``

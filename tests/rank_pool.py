@@ -8,7 +8,7 @@ takes tasks: ``pool.run(fn, world_size, tmp_path=..., args=...)`` runs
 ``run_ranks`` would, and returns the per-rank results.
 
 Isolation between tasks: every task gets a fresh gloo process group (a new ``FileStore`` in the
-task's own run directory), destroyed once every rank is done; then ``repro.rank_reset`` puts
+task's own run directory), destroyed once every rank is done; then ``repro.cluster.rank_reset`` puts
 DeepSpeed's registries and counters, ``os.environ``, torch's dtype, grad mode and threads back
 to their state at pool start and collects the task's engines.
 
@@ -93,14 +93,14 @@ def _pool_rank_main(conn, rank: int, parent_env: dict[str, str]) -> None:
     os.environ.update({**parent_env, **rank_env(rank, 1), "DS_ACCELERATOR": "cpu"})
     import torch
 
-    from repro.distributed import disable_deepspeed_shm_op
+    from repro.cluster.process_group import disable_deepspeed_shm_op
 
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     disable_deepspeed_shm_op()
     import deepspeed  # noqa: F401 - warm import, the point of the pool
     import transformers  # noqa: F401
 
-    from repro.rank_reset import ProcessSnapshot
+    from repro.cluster.rank_reset import ProcessSnapshot
 
     snapshot = ProcessSnapshot()
     conn.send(("ready", rank))

@@ -6,11 +6,11 @@ import math
 
 from hypothesis import strategies as st
 
-# ---- batch semantics (repro.batching) ------------------------------------------------------------
+# ---- batch semantics (repro.batching.plan) ------------------------------------------------------------
 
 
 def batch_rules_hold(p) -> bool:
-    """The batch rules of DESIGN.md written out directly (the oracle for ``repro.batching.plan_batch``)."""
+    """The batch rules of DESIGN.md written out directly (the oracle for ``repro.batching.plan.plan_batch``)."""
     world = p.n_gpus_per_node * p.nnodes
     if world % p.sp:
         return False
@@ -36,7 +36,7 @@ def batch_rules_hold(p) -> bool:
 @st.composite
 def valid_batch_params(draw, dynamic: bool | None = None):
     """BatchParams that satisfy every rule: built from world, sp | world, micro, GAS and mini-batch count."""
-    from repro.batching import BatchParams
+    from repro.batching.plan import BatchParams
 
     n_gpus = draw(st.integers(1, 8))
     nnodes = draw(st.integers(1, 3))
@@ -74,7 +74,7 @@ def valid_batch_params(draw, dynamic: bool | None = None):
 @st.composite
 def any_batch_params(draw):
     """BatchParams with small random values, valid or not (check with ``batch_rules_hold``)."""
-    from repro.batching import BatchParams
+    from repro.batching.plan import BatchParams
 
     dynamic = draw(st.booleans())
     legacy = not dynamic and draw(st.integers(0, 4)) == 0
@@ -110,7 +110,7 @@ def worker_batch_splits(draw, dp: int) -> dict:
     Varies rollout.n, the mini-batch (and so the number of mini-batches per step), fixed or
     token-budget micro-batches, every loss aggregation, the ZeRO stage and the batch's lengths.
     """
-    from repro.algorithms import LOSS_AGG_MODES
+    from repro.rl.algorithms import LOSS_AGG_MODES
     n = draw(st.sampled_from([1, 2, 3]))
     mini = draw(st.sampled_from([m for m in (1, 2, 4) if (m * n) % dp == 0]))
     per_step = draw(st.integers(1, 2))

@@ -63,7 +63,7 @@ def _plot(out: Path, runs: list[tuple[str, Path]]) -> str:
         import matplotlib
     except ImportError:
         return "no curves.png: matplotlib is not installed"
-    from repro.metrics import SCORE, THROUGHPUT, MetricsLog
+    from repro.rl.metrics import SCORE, THROUGHPUT, MetricsLog
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

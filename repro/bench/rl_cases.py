@@ -26,7 +26,7 @@ from typing import Any
 
 from repro.bench.summary import case_row
 from repro.config import ENV_PARAM_OFFLOAD, ENV_STEP_EACH_MICRO
-from repro.metrics import MetricsLog
+from repro.rl.metrics import MetricsLog
 
 FAIL_FIRST_ENV = "REPRO_BENCH_FAIL_FIRST"
 _FORCED_FAILURE = "+trainer.repro_bench_forced_failure=1"

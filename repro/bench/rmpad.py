@@ -99,7 +99,7 @@ def make_batch(args: argparse.Namespace, vocab: int):
 def _child(args: argparse.Namespace) -> None:
     import torch
 
-    from repro.distributed import init_distributed
+    from repro.cluster.process_group import init_distributed
     from repro.workers import logprob, varlen
     from repro.workers.actor import ActorWorker
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     add_case_process_args(parser)
     args = parser.parse_args(argv)
     if args.child:
-        from repro.distributed import exit_rank_process
+        from repro.cluster.process_group import exit_rank_process
 
         _child(args)
         exit_rank_process(0)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-RUNNER = "import sys\nfrom repro.config_loader import load_config\nfrom repro.trainer import run\nrun(load_config(sys.argv[1:]))\n"
+RUNNER = "import sys\nfrom repro.config.loader import load_config\nfrom repro.trainer import run\nrun(load_config(sys.argv[1:]))\n"
 SPLIT_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/update_weights", "timing_s/old_log_prob",
               "timing_s/update_actor")
 
@@ -120,7 +120,7 @@ def _grpo_overrides(model_dir: Path, data: dict, args: argparse.Namespace, name:
 
 def bench_grpo(model_dir: Path, work: Path, args: argparse.Namespace) -> list[dict]:
     from repro.data.gsm8k import convert
-    from repro.metrics import MetricsLog
+    from repro.rl.metrics import MetricsLog
 
     data = convert(ROOT / "fixtures" / "gsm8k", work / "gsm8k")
     env = dict(os.environ)

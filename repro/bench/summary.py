@@ -1,7 +1,7 @@
 """Benchmark summary math: case rows, paired deltas between cases, and a noise verdict over seeds.
 
 A benchmark case is one training run (one ZeRO case, one seed). Its row holds the run's headline
-figures, computed by :func:`repro.metrics.summarize` from its ``metrics.tsv`` so the benchmark and a
+figures, computed by :func:`repro.rl.metrics.summarize` from its ``metrics.tsv`` so the benchmark and a
 plain run agree on what ``avg_score_tail5`` means (mean of the last five finite values). Two cases
 of the same seed are compared as paired deltas (``b - a``, e.g. ZeRO-2 minus ZeRO-1): pairing by
 seed removes the seed's own effect on the score. Over seeds, a mean delta is called
@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from repro.metrics import TAIL, summarize
+from repro.rl.metrics import TAIL, summarize
 
 # summary.tsv: one row per case and seed.
 SUMMARY_COLUMNS = (

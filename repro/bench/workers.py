@@ -4,7 +4,7 @@ For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU
 parameter offload; ZeRO-3 with the decoder layers as leaf modules, the workers' default, and
 ``zero3_noleaf`` with stock per-submodule hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with
 DeepSpeed's constant bucket/prefetch/persistence sizes instead of the size-aware ones of
-``repro.zero3_defaults``) the runners train the same randomly initialised
+``repro.config.zero3``) the runners train the same randomly initialised
 model on the same batch, each in its own set of rank processes (peak memory would leak from one
 case into the next in a shared process):
 
@@ -156,11 +156,11 @@ def _timed_steps(args: argparse.Namespace, step) -> list[float]:
 def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], object]:
     import deepspeed
 
-    from repro.batching import plan_role_batch
-    from repro.ds_config import build_ds_config
+    from repro.config.ds_config import build_ds_config
+    from repro.config.rules import plan_role_batch
+    from repro.config.zero3 import model_size_of
     from repro.workers.engine import load_hf_model, torch_dtype
     from repro.workers.zero3_leaf import mark_zero3_leaves
-    from repro.zero3_defaults import model_size_of
 
     ds = cfg.actor_rollout_ref.actor.deepspeed
     model = load_hf_model(cfg.actor_rollout_ref.model, torch_dtype(ds))
@@ -220,7 +220,7 @@ def _child(args: argparse.Namespace) -> None:
     """One rank of one (case, runner): train ``warmup + steps`` steps and report step times."""
     import torch.distributed as dist
 
-    from repro.distributed import init_distributed
+    from repro.cluster.process_group import init_distributed
     from repro.workers.engine import memory_metrics
     from repro.workers.placement import optimizer_placement, param_placement
 
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runner", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        from repro.distributed import exit_rank_process
+        from repro.cluster.process_group import exit_rank_process
 
         _child(args)
         exit_rank_process(0)

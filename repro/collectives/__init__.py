@@ -7,5 +7,7 @@ pairing), ``splits`` (all-to-all split sizes), ``check`` (the live cross-rank fi
 ``incomplete`` (missing records, calls that never returned), ``watch`` (the hang watch),
 ``live_fr`` (Flight Recorder read live, below the Python API),
 ``align`` and ``report`` (first divergence), ``flight_recorder`` (PyTorch FR dumps as input),
-``chrome`` (timeline export), ``launch`` (the torchrun-like CLI launcher) and ``bench``.
+``chrome`` (timeline export), ``launch`` (the torchrun-like CLI launcher), ``active`` (the tracer slot) and
+``session`` (start, stop, the env switch). Imports nothing else of repro; the trace tool
+(``repro.collectives_trace``) and the process-group start-up (``repro.cluster``) import it.
 """

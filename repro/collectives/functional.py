@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
+from repro.collectives.active import active
 from repro.collectives.events import CallRecord
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
@@ -86,10 +87,8 @@ class _Traced:
         return getattr(self.__repro_traced__, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from repro.collectives import record
-
         packet, op = self.__repro_traced__, self._op
-        tracer = record.active()
+        tracer = active()
         if tracer is None or kwargs:
             return packet(*args, **kwargs)
         if op == "wait_tensor":

@@ -32,6 +32,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from repro.collectives import functional
+from repro.collectives.active import active, set_active
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
 from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
@@ -39,7 +40,6 @@ from repro.collectives.p2p import BLOCKING, ROLE, PairCounter
 from repro.collectives.splits import split_numels
 
 _local = threading.local()
-_active: Tracer | None = None
 _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
 
 
@@ -238,15 +238,10 @@ def wrap_work(result: Any, rec: CallRecord, tracer: Tracer) -> Any:
     return TracedWork(result, rec, tracer)
 
 
-def active() -> Tracer | None:
-    """The tracer now recording in this process, if any."""
-    return _active
-
-
 def _make_wrapper(op: str, original: Callable) -> Callable:
     @functools.wraps(original)
     def traced(*args: Any, **kwargs: Any) -> Any:
-        tracer = _active
+        tracer = active()
         if tracer is None or getattr(_local, "depth", 0):
             return original(*args, **kwargs)
         try:
@@ -334,8 +329,8 @@ def patch_deepspeed_backend() -> None:
 
 def install(tracer: Tracer) -> None:
     """Make ``tracer`` the active one and wrap the torch.distributed functions (idempotent)."""
-    global _active
-    if _active is not None and _active is not tracer:
+    current = active()
+    if current is not None and current is not tracer:
         raise RuntimeError("another collective trace is already active in this process")
     if not _installed:
         wrappers: dict[int, Callable] = {}
@@ -344,15 +339,15 @@ def install(tracer: Tracer) -> None:
                 _patch(owner, op, op, wrappers)
         functional.install(_installed)
     patch_deepspeed_backend()
-    _active = tracer
+    set_active(tracer)
 
 
 def uninstall() -> None:
     """Stop tracing and put every original function back."""
-    global _active
-    if _active is not None:
-        _active.close()
-    _active = None
+    current = active()
+    if current is not None:
+        current.close()
+    set_active(None)
     functional.clear()
     while _installed:
         owner, attr, original = _installed.pop()

@@ -14,13 +14,12 @@ import sys
 import time
 from typing import Any
 
+from repro.collectives.active import active
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import CallRecord
 
 
 def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
-    from repro.collectives.record import active
-
     if active() is not tracer:  # the trace ended before this wait
         return real_wait(*args, **kwargs)
     site, lib, stack = sites_and_stack(sys._getframe(1))

@@ -3,7 +3,7 @@
 The tree mirrors verl's ``ppo_trainer`` config so that the command lines of verl's DeepSpeed PR
 work here with ``verl`` replaced by ``repro``. Each dataclass validates itself in
 ``__post_init__``; cross-section rules (batch splits, critic on/off) live in
-:func:`repro.config_rules.validate_run_config`. The DeepSpeed environment knobs are read exactly once, by
+:func:`repro.config.rules.validate_run_config`. The DeepSpeed environment knobs are read exactly once, by
 :func:`resolve_env_knobs`, and stored in the config so the effective plan shows them.
 
 The package holds one module per group of sections: ``fields`` (valid values, per-field checks),

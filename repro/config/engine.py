@@ -84,7 +84,7 @@ class DeepSpeedConfig:
     stage3_param_persistence_threshold: int | None = None
     """ZeRO-3: parameters below this many elements stay whole on every rank; None: 1e5, or size-aware."""
     zero3_size_aware: bool = False
-    """ZeRO-3: fill the unset sizes above from the model's hidden size (``repro.zero3_defaults``); False (the
+    """ZeRO-3: fill the unset sizes above from the model's hidden size (``repro.config.zero3``); False (the
     default, measured in results/bench/zero3_defaults.md: no faster at the Qwen3-0.6B shape): DeepSpeed's."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""

@@ -1,7 +1,7 @@
 """Valid values of the config's choice fields and the per-field checks every section's ``__post_init__`` uses.
 
 The names of each algorithm choice live here, at the bottom of the import order; the modules
-that implement them (``repro.algorithms``, ``advantages``, ``policy_losses``) import them.
+that implement them (``repro.rl.algorithms``, ``advantages``, ``policy_losses``) import them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ MODEL_DTYPES = ("auto", "bfloat16", "float32")
 
 
 # The valid names of each algorithm choice live here, at the bottom of the import order, and the
-# modules that implement them (repro.algorithms, advantages, policy_losses) import them.
+# modules that implement them (repro.rl.algorithms, advantages, policy_losses) import them.
 ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opo", "gpg",
                   "grpo_passk", "remax")
 
@@ -52,7 +52,7 @@ class ConfigFieldError(ValueError):
     """A bad value in one config section, named relative to that section.
 
     Sections are reused (``DeepSpeedConfig`` sits under the actor, the critic and the reference
-    policy), so ``__post_init__`` cannot know its full key; ``repro.config_loader`` finds the
+    policy), so ``__post_init__`` cannot know its full key; ``repro.config.loader`` finds the
     section's path and re-raises with the full key (``actor_rollout_ref.actor.deepspeed.zero_stage``).
     Raised directly, the message names the class instead (``DeepSpeedConfig.zero_stage``).
     """

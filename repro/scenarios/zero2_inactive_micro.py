@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from repro.batch import Batch, padded_batch
+from repro.batching.batch import Batch, padded_batch
 from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 
 PROMPT_LEN = RESPONSE_LEN = 4
@@ -63,7 +63,7 @@ def make_model_dir(path: str | os.PathLike[str], seed: int = 1234) -> str:
 
 def make_config(model_dir: str, world_size: int, skip_inactive: bool) -> Any:
     """A validated RunConfig: actor at ZeRO-2, fp32, torch AdamW, micro 1 x GAS 2 per rank."""
-    from repro.config_loader import load_config
+    from repro.config.loader import load_config
 
     overrides = [
         f"trainer.n_gpus_per_node={world_size}",
@@ -113,7 +113,7 @@ def run(
 
     ``model_dir``: a tiny Qwen3 folder shared by the ranks; by default each rank builds the same
     one (fixed seed) in its own temporary folder. Initialises the process group from the env://
-    variables unless one exists (``repro.distributed.init_distributed``).
+    variables unless one exists (``repro.cluster.process_group.init_distributed``).
     """
     from repro.workers.actor import ActorWorker
 

@@ -18,13 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import agg_loss, kl_penalty
-from repro.batch import Batch, num_samples, select
-from repro.batching import plan_role_batch
+from repro.batching.batch import Batch, num_samples, select
+from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
-from repro.config_rules import check_inactive_skip
-from repro.distributed import init_distributed
-from repro.policy_losses import compute_policy_loss_by_mode
+from repro.config.rules import check_inactive_skip, plan_role_batch
+from repro.rl.algorithms import agg_loss, kl_penalty
+from repro.rl.policy_losses import compute_policy_loss_by_mode
 from repro.workers import checkpoint, lora, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.logprob import token_log_probs

@@ -8,7 +8,7 @@ Layout of the folder a save is given::
     huggingface/        with ``hf_model`` in ``checkpoint.save_contents``: ``export_hf`` of it
 
 Step folders, the ``latest`` marker, manifests, verification and pruning belong to
-``repro.checkpoint_store`` (the driver's job); this module only fills and reads one folder.
+``repro.run.checkpoints`` (the driver's job); this module only fills and reads one folder.
 ``checkpoint.save_contents`` / ``load_contents`` are checked in ``repro.config``: DeepSpeed
 writes and reads model, optimizer (with the LR scheduler) and ``extra`` as one exact-resume
 unit, so those three are required; ``hf_model`` adds a Hugging Face export to a save.
@@ -35,8 +35,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from repro.checkpoint_store import write_json_atomic
 from repro.devices import on_cpu
+from repro.run.checkpoints import write_json_atomic
 from repro.workers import lora
 
 if TYPE_CHECKING:

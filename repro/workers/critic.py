@@ -13,11 +13,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.algorithms import compute_value_loss, masked_mean
-from repro.batch import Batch, num_samples, select
-from repro.batching import plan_role_batch
+from repro.batching.batch import Batch, num_samples, select
+from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
-from repro.distributed import init_distributed
+from repro.config.rules import plan_role_batch
+from repro.rl.algorithms import compute_value_loss, masked_mean
 from repro.workers import checkpoint, ulysses
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches

@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from repro.batch import Batch
+from repro.batching.batch import Batch
+from repro.config.ds_config import build_ds_config, resolve_model_dtype
+from repro.config.zero3 import model_size_of
 from repro.devices import default_device, nvml_used_gb, on_cpu
-from repro.ds_config import build_ds_config, resolve_model_dtype
-from repro.zero3_defaults import model_size_of
 
 if TYPE_CHECKING:
-    from repro.batching import RoleBatchPlan
+    from repro.batching.plan import RoleBatchPlan
     from repro.config import DeepSpeedConfig, ModelConfig, OptimConfig
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class RoleEngine:
         self.step_each_micro = bool(ds.step_each_micro)
         from repro.config import OptimConfig as _Optim
 
-        # ZeRO-3 sizes its buckets from the model's width (repro.zero3_defaults); the plan reads the same.
+        # ZeRO-3 sizes its buckets from the model's width (repro.config.zero3); the plan reads the same.
         self.ds_config = merge_config(
             build_ds_config(ds, optim or _Optim(), plan, grad_clip=grad_clip, on_cuda=not on_cpu(),
                             trainable=self.trainable,
@@ -179,8 +179,9 @@ class RoleEngine:
         self.engine: Any = None
         self.zero3_leaves: list[str] = []
         """Decoder layer classes fetched as ZeRO-3 leaf modules (empty below ZeRO-3 or when off)."""
+        from repro.config.zero3 import use_leaves
         from repro.workers.lora import is_lora
-        from repro.workers.zero3_leaf import mark_zero3_leaves, use_leaves
+        from repro.workers.zero3_leaf import mark_zero3_leaves
 
         if use_leaves(ds.zero_stage, ds.zero3_leaf_modules, is_lora(module)):
             self.zero3_leaves = mark_zero3_leaves(module)

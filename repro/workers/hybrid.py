@@ -3,7 +3,7 @@
 All roles of a rank live in one process on one device, so the rollout's inference copy is
 refreshed in-process from the actor's gathered weights (``iter_full_weights``; a collective at
 ZeRO-3, which is why every rank syncs at the same point). The class knows nothing of Ray:
-``repro.cluster.WorkerGroup`` hosts one per rank, and the multi-rank test harness can too.
+``repro.cluster.worker_group.WorkerGroup`` hosts one per rank, and the multi-rank test harness can too.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from repro.batch import Batch
+from repro.batching.batch import Batch
 from repro.config import RunConfig, critic_enabled, ref_policy_used
 from repro.devices import nvml_used_gb
 from repro.workers import lora
@@ -47,7 +47,7 @@ class HybridWorker:
     """Actor (+ reference) + optional critic + rollout of one rank."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        from repro.distributed import init_distributed
+        from repro.cluster.process_group import init_distributed
         from repro.workers.actor import ActorWorker
         from repro.workers.rollout_hf import make_rollout
 
@@ -121,8 +121,8 @@ class HybridWorker:
         return self._with_memory(metrics)
 
     def _mfu(self, engine: Any, batch: Batch, seconds: float, epochs: int = 1, forward_only: bool = False) -> float:
-        """This rank's MFU over ``batch`` (``repro.mfu``); the driver averages the ranks."""
-        from repro.mfu import device_name, mfu
+        """This rank's MFU over ``batch`` (``repro.rl.mfu``); the driver averages the ranks."""
+        from repro.rl.mfu import device_name, mfu
 
         seqlens = batch["attention_mask"].sum(dim=-1).tolist() * epochs
         return mfu(getattr(engine.module, "config", None), seqlens, seconds, device_name(engine.device),

@@ -1,6 +1,6 @@
 """A rank's shard -> mini-batches -> micro-batches, and the counts every rank must agree on.
 
-Used by the actor and the critic (names as in ``repro.batch``). The rank shard holds
+Used by the actor and the critic (names as in ``repro.batching.batch``). The rank shard holds
 ``num_mini_batches * per_rank_mini`` samples; each mini-batch is one optimizer update, cut into
 fixed-size or token-budget micro-batches. Everything that differs between ranks and would
 change which collectives they issue (the number of micro-batches) or the loss normalisation
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from repro.batch import Batch, chunks, num_samples, select, seq_lens
-from repro.token_budget import min_micro_batches, split_micro_batches_by_tokens
+from repro.batching.batch import Batch, chunks, num_samples, select, seq_lens
+from repro.batching.token_budget import min_micro_batches, split_micro_batches_by_tokens
 from repro.workers.engine import all_reduce_counts
 
 if TYPE_CHECKING:
-    from repro.batching import RoleBatchPlan
+    from repro.batching.plan import RoleBatchPlan
 
 
 @dataclass
@@ -71,7 +71,7 @@ def plan_mini_batches(
     minis = [select(batch, idx) for idx in orders]
     mask_key = "response_mask"
     local = [float(m[mask_key].sum()) for m in minis]
-    # An empty (aborted) response counts for no sequence, as in repro.algorithms.agg_loss and verl.
+    # An empty (aborted) response counts for no sequence, as in repro.rl.algorithms.agg_loss and verl.
     nonempty = [float((m[mask_key].sum(dim=-1) > 0).sum()) for m in minis]
     # The ranks of one sequence-parallel group hold the same samples: count each group once.
     counts = [c / sp for c in all_reduce_counts(local + nonempty)]

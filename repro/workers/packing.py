@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from repro.token_budget import first_fit
+from repro.batching.token_budget import first_fit
 
 
 @dataclass

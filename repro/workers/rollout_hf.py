@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from repro.batch import Batch
+from repro.batching.batch import Batch
 from repro.config import RunConfig
+from repro.config import sampling as rollout_sampling
 from repro.devices import default_device
 from repro.workers import rollout_layout as layout
-from repro.workers import rollout_sampling
 
 if TYPE_CHECKING:
     from repro.workers.rollout_vllm import VLLMRollout

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from repro.batch import Batch, padded_batch
+from repro.batching.batch import Batch, padded_batch
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_id: int, pad_to: int | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -37,12 +37,12 @@ from typing import Any
 
 import torch
 
-from repro import vllm_settings
-from repro.batch import Batch
+from repro.batching.batch import Batch
 from repro.config import RunConfig
+from repro.config import sampling as rollout_sampling
+from repro.config import vllm as vllm_settings
 from repro.devices import default_device, nvml_used_gb
 from repro.workers import rollout_layout as layout
-from repro.workers import rollout_sampling
 from repro.workers.weight_buckets import buckets
 
 log = logging.getLogger(__name__)

@@ -88,7 +88,7 @@ def ray_head() -> Iterator[str]:
     dozen daemon and pre-started worker processes per job on 2 cores). Jobs that test what
     happens to a job's own Ray processes (kill -9, Ctrl-C, a lost rank) keep starting their own.
     Jobs that join it also set ``REPRO_REUSE_RANKS=1``: their rank processes outlive them and host
-    the next job's ranks (``repro.cluster``), which saves each job the ranks' start-up."""
+    the next job's ranks (``repro.cluster.worker_group``), which saves each job the ranks' start-up."""
     import ray
     from ray.cluster_utils import Cluster
 

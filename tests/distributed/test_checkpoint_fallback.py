@@ -13,8 +13,8 @@ import json
 
 import pytest
 
-from repro.checkpoint_store import MANIFEST, MARKER
-from repro.metrics import MetricsLog
+from repro.rl.metrics import MetricsLog
+from repro.run.checkpoints import MANIFEST, MARKER
 from tests.distributed.test_trainer import DETERMINISTIC, _run
 
 HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"

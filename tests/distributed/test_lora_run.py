@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from repro.metrics import MetricsLog
+from repro.rl.metrics import MetricsLog
 from tests.distributed.test_trainer import ROOT, RUNNER, _env
 
 LORA = [

@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from repro.metrics import MetricsLog
+from repro.rl.metrics import MetricsLog
 from tests.distributed.test_trainer import SMALL as TRAINER_SMALL
 
 ROOT = Path(__file__).resolve().parents[2]

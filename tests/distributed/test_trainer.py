@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from repro.metrics import MetricsLog, read_summary
+from repro.rl.metrics import MetricsLog, read_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 # Builds the config the way the CLI does (load_config), from a preset plus overrides.
 RUNNER = (
     "import sys\n"
-    "from repro.config_loader import load_config\n"
-    "from repro.presets import preset_overrides\n"
+    "from repro.config.loader import load_config\n"
+    "from repro.config.presets import preset_overrides\n"
     "from repro.trainer import run\n"
     "run(load_config(preset_overrides(sys.argv[1]) + sys.argv[2:]))\n"
 )

@@ -48,8 +48,8 @@ COMMON = ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.sav
 # recorded with its traceback and the next one still runs.
 RUNNER = (
     "import json, sys, traceback\n"
-    "from repro.config_loader import load_config\n"
-    "from repro.presets import preset_overrides\n"
+    "from repro.config.loader import load_config\n"
+    "from repro.config.presets import preset_overrides\n"
     "from repro.trainer import run\n"
     "for status, overrides in json.loads(sys.argv[1]):\n"
     "    try:\n"

@@ -32,8 +32,8 @@ import pytest
 
 from conftest import require_cuda_gpus
 from repro.bench.rollout import make_policy_dir
-from repro.metrics import MetricsLog, read_summary
-from repro.presets import preset_overrides
+from repro.config.presets import preset_overrides
+from repro.rl.metrics import MetricsLog, read_summary
 
 pytestmark = pytest.mark.gpu
 
@@ -44,7 +44,7 @@ SCORE_MARGIN_60 = 0.15
 SCORE_MARGIN_30 = 0.10
 RUNNER = (
     "import sys\n"
-    "from repro.config_loader import load_config\n"
+    "from repro.config.loader import load_config\n"
     "from repro.trainer import run\n"
     "run(load_config(sys.argv[1:]))\n"
 )

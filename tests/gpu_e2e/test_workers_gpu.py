@@ -202,7 +202,7 @@ def _check_log_probs(model_dir: str, init: dict[str, torch.Tensor], got: list[to
     """fp32 forward of the bf16-rounded initial weights vs the workers' bf16 log-probs."""
     from transformers import AutoModelForCausalLM
 
-    from repro.algorithms import logprobs_from_logits
+    from repro.rl.algorithms import logprobs_from_logits
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():

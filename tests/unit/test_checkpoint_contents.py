@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.config_loader import load_config
+from repro.config.loader import load_config
 from repro.main_ppo import main
 
 SECTIONS = ("actor_rollout_ref.actor.checkpoint", "critic.checkpoint")

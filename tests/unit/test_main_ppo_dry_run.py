@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 
-from repro.batching import RoleBatchPlan
+from repro.batching.plan import RoleBatchPlan
 from repro.config import DeepSpeedConfig, OptimConfig
-from repro.ds_config import build_ds_config
+from repro.config.ds_config import build_ds_config
 from repro.main_ppo import main, parse_argv
 from tests.pr_commands import all_pr_commands
 
@@ -91,8 +91,8 @@ def test_zero3_cpu_offload_plan_offloads_params_only_with_the_env_knob(param_off
 
 
 def test_dry_run_json_is_exactly_what_build_ds_config_gives(monkeypatch, capsys):
-    from repro.batching import plan_role_batch
-    from repro.config_loader import ConfigWarning, load_config
+    from repro.config.loader import ConfigWarning, load_config
+    from repro.config.rules import plan_role_batch
 
     cmd = COMMANDS["zero2_cpu_offload"]
     plan, _, _ = dry_run("zero2_cpu_offload", monkeypatch, capsys)

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
-from repro.checkpoint_store import CheckpointStore
 from repro.config import RunConfig
-from repro.run_setup import RunPaths
+from repro.run.checkpoints import CheckpointStore
+from repro.run.paths import RunPaths
 from repro.trainer import PPOTrainer
 
 

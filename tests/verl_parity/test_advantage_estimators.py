@@ -1,4 +1,4 @@
-"""repro.advantages against verl 0.9.1's registered advantage estimators (``get_adv_estimator_fn``).
+"""repro.rl.advantages against verl 0.9.1's registered advantage estimators (``get_adv_estimator_fn``).
 
 Each estimator by its verl config name, on groups of every size (one sample included) and empty
 responses; equal within 1e-6 on the response tokens (both zero the rest). ``remax`` also gets its
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from verl.trainer.config import AlgoConfig
 from verl.trainer.ppo import core_algos
 
-from repro.advantages import ADV_ESTIMATORS, compute_advantage
+from repro.rl.advantages import ADV_ESTIMATORS, compute_advantage
 from tests.verl_parity.inputs import close, group_index, token_batches
 
 OUTCOME = [name for name in ADV_ESTIMATORS if name != "gae"]

@@ -1,4 +1,4 @@
-"""repro.algorithms against verl 0.9.1's own core_algos and torch_functional, on hypothesis inputs.
+"""repro.rl.algorithms against verl 0.9.1's own core_algos and torch_functional, on hypothesis inputs.
 
 Edge cases drawn on purpose: GRPO groups of one sample, NaN / +-inf outside the response mask,
 empty (aborted) responses, all-empty batches.
@@ -16,7 +16,7 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
-from repro import algorithms
+from repro.rl import algorithms
 from tests.verl_parity.inputs import close, group_index, leaks_into_verl, token_batches, zeroed_padding
 
 LOSS_MODES = list(algorithms.LOSS_AGG_MODES)
@@ -166,7 +166,7 @@ def test_entropy_and_log_probs_from_logits(seed, rows, vocab, scale):
 @given(kls=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=6), target=st.sampled_from([0.01, 0.1, 6.0]),
        horizon=st.sampled_from([100, 10000]), responses=st.integers(1, 64))
 def test_kl_controller_trajectory(kind, kls, target, horizon, responses):
-    from repro.rl_batch import KLController
+    from repro.rl.step import KLController
 
     ours = KLController(kind, 0.1, target, horizon)
     theirs = core_algos.get_kl_controller(_kl_ctrl(kind, 0.1, target, horizon))

@@ -1,4 +1,4 @@
-"""repro.rl_batch.apply_kl_penalty against verl 0.9.1's ray_trainer.apply_kl_penalty.
+"""repro.rl.step.apply_kl_penalty against verl 0.9.1's ray_trainer.apply_kl_penalty.
 
 The point of this check: the adaptive controller must advance by the number of *responses*
 (verl's batch size, ``rollout.n`` per prompt), not by the number of prompts.
@@ -13,7 +13,7 @@ from verl import DataProto
 from verl.trainer.ppo import core_algos
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty as verl_apply_kl_penalty
 
-from repro.rl_batch import KLController, apply_kl_penalty
+from repro.rl.step import KLController, apply_kl_penalty
 from tests.verl_parity.inputs import close, token_batches
 
 

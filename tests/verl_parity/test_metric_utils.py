@@ -1,4 +1,4 @@
-"""repro.rl_batch.batch_metrics against verl 0.9.1's metric_utils.compute_data_metrics.
+"""repro.rl.step.batch_metrics against verl 0.9.1's metric_utils.compute_data_metrics.
 
 Every key verl reports for a batch must be reported by repro with the same value: aborted
 (empty) responses left out of the score, reward and non-aborted length statistics, and NaN
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from verl import DataProto
 from verl.trainer.ppo.metric_utils import compute_data_metrics
 
-from repro.rl_batch import batch_metrics, token_level_scores
+from repro.rl.step import batch_metrics, token_level_scores
 from tests.verl_parity.inputs import close
 
 
@@ -59,7 +59,7 @@ def test_data_metrics_equal_verls_key_for_key(rollout, use_critic):
 def test_timing_per_token_equals_verls(rollout, seconds, drop):
     from verl.trainer.ppo.metric_utils import compute_timing_metrics
 
-    from repro.rl_batch import timing_per_token_ms
+    from repro.rl.step import timing_per_token_ms
 
     batch, _ = rollout
     names = ["gen", "ref", "values", "adv", "update_critic", "update_actor"]
@@ -76,7 +76,7 @@ def test_timing_per_token_equals_verls(rollout, seconds, drop):
 def test_throughput_equals_verls(rollout, seconds, n_gpus):
     from verl.trainer.ppo.metric_utils import compute_throughout_metrics
 
-    from repro.metrics import throughput_metrics
+    from repro.rl.metrics import throughput_metrics
 
     batch, _ = rollout
     data = DataProto.from_dict(batch, meta_info={"global_token_num": batch["attention_mask"].sum(-1).tolist()})

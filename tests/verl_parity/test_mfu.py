@@ -1,4 +1,4 @@
-"""repro.mfu against verl 0.9.1's ``utils.flops_counter``: the FLOPs estimate, the device peak and
+"""repro.rl.mfu against verl 0.9.1's ``utils.flops_counter``: the FLOPs estimate, the device peak and
 the MFU verl's workers compute from them (``estimated / promised / world``, ``/ 3`` forward-only).
 
 verl's own functions are called: its per-model-type estimators (``ESTIMATE_FUNC``, falling back to
@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from verl.utils import flops_counter
 
-from repro.mfu import DENSE_DECODERS, DEVICE_PEAK_FLOPS, achieved_flops, device_peak_flops, mfu
+from repro.rl.mfu import DENSE_DECODERS, DEVICE_PEAK_FLOPS, achieved_flops, device_peak_flops, mfu
 from tests.verl_parity.inputs import close
 
 KEYS = sorted(DEVICE_PEAK_FLOPS)

@@ -1,4 +1,4 @@
-"""repro.policy_losses against verl 0.9.1's registered policy losses (``get_policy_loss_fn``):
+"""repro.rl.policy_losses against verl 0.9.1's registered policy losses (``get_policy_loss_fn``):
 loss, gradient with respect to the log-probs, and every statistic verl reports for the mode."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from verl.trainer.ppo import core_algos
 from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
-from repro.algorithms import LOSS_AGG_MODES
-from repro.policy_losses import POLICY_LOSS_MODES, compute_policy_loss_by_mode
+from repro.rl.algorithms import LOSS_AGG_MODES
+from repro.rl.policy_losses import POLICY_LOSS_MODES, compute_policy_loss_by_mode
 from tests.verl_parity.inputs import close, token_batches
 
 STATS = {"actor/pg_clipfrac": "clipfrac", "actor/ppo_kl": "ppo_kl", "actor/pg_clipfrac_lower": "clipfrac_lower"}

@@ -1,4 +1,4 @@
-"""repro.validation_metrics against verl 0.9.1's validation metrics, key for key.
+"""repro.rl.validation_metrics against verl 0.9.1's validation metrics, key for key.
 
 verl's trainer turns a validation pass into metrics with ``process_validation_metrics`` and
 ``RayPPOTrainer._val_metrics_update`` (which uses nothing of the trainer; called unbound here).
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from verl.trainer.ppo.metric_utils import process_validation_metrics
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-from repro.validation_metrics import validation_metrics
+from repro.rl.validation_metrics import validation_metrics
 from tests.verl_parity.inputs import close
 
 SCORES = st.sampled_from([0.0, 0.1, 1.0, -0.5, 0.75])

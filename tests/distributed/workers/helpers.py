@@ -1,7 +1,7 @@
 """Shared pieces of the worker tests: tiny model folders, configs, batches and the PyTorch reference.
 
 The reference is what the DeepSpeed workers must reproduce: one process, the same initial
-weights (the same Hugging Face folder), the same loss functions from ``repro.algorithms`` (and
+weights (the same Hugging Face folder), the same loss functions from ``repro.rl.algorithms`` (and
 the chunked log-probs of ``repro.workers.logprob``)
 applied to the *whole* mini-batch (all dp ranks' samples at once), torch AdamW and torch's
 grad-norm clipping.
@@ -14,15 +14,15 @@ from pathlib import Path
 
 import torch
 
-from repro.algorithms import (
+from repro.batching.batch import padded_batch
+from repro.config import DeepSpeedConfig, RunConfig
+from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
+from repro.rl.algorithms import (
     agg_loss,
     compute_policy_loss,
     compute_value_loss,
     kl_penalty,
 )
-from repro.batch import padded_batch
-from repro.config import DeepSpeedConfig, RunConfig
-from repro.data.tiny_model import TOY_VOCAB, toy_qwen3_config
 from repro.workers.logprob import token_log_probs
 
 # ZeRO-3 keeps parameters below this many elements unpartitioned; 0 makes the tiny model's

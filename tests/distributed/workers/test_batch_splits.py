@@ -18,7 +18,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 
-from repro.algorithms import LOSS_AGG_MODES
+from repro.rl.algorithms import LOSS_AGG_MODES
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     Reference,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from repro.checkpoint_store import MARKER, CheckpointStore
+from repro.run.checkpoints import MARKER, CheckpointStore
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     make_cfg,

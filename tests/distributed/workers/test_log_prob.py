@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from repro.algorithms import entropy_from_logits, logprobs_from_logits
+from repro.rl.algorithms import entropy_from_logits, logprobs_from_logits
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     make_cfg,

@@ -9,7 +9,7 @@ import os
 import pytest
 import torch
 
-from repro.algorithms import logprobs_from_logits
+from repro.rl.algorithms import logprobs_from_logits
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     make_cfg,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.algorithms import logprobs_from_logits
+from repro.rl.algorithms import logprobs_from_logits
 from tests.distributed.workers.helpers import (
     Reference,
     make_cfg,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.algorithms import logprobs_from_logits
+from repro.rl.algorithms import logprobs_from_logits
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
     Reference,
@@ -110,7 +110,7 @@ def test_sp2_equals_single_process_with_padding_and_packed_rows(pooled, tmp_path
 def test_stock_zero3_reduce_scatter_divides_the_gradient_by_sp(pooled, tmp_path):
     """DeepSpeed 0.19 ZeRO-3 with an SP mpu: ``reduce_scatter=true`` (its default) averages the
     gradient over the whole world without the SP correction, so the grad norm is 1/sp of the true
-    one; ``repro.ds_config`` sets ``reduce_scatter=false`` at ZeRO-3 with sp > 1. If DeepSpeed fixes
+    one; ``repro.config.ds_config`` sets ``reduce_scatter=false`` at ZeRO-3 with sp > 1. If DeepSpeed fixes
     this, the ratio becomes 1 and this test fails: drop the workaround then."""
     model_dir = make_model_dir(tmp_path / "model")
     stock = pooled(_run, 2, timeout_s=120, args=(model_dir, 3, "actor", {"reduce_scatter": True}))

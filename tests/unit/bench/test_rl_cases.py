@@ -8,7 +8,7 @@ import pytest
 
 from repro.bench.__main__ import _parser, main
 from repro.bench.rl_cases import SIX_CASES, case_command, case_env, crossover_cases, crossover_comparisons
-from repro.config_loader import load_config
+from repro.config.loader import load_config
 
 
 def test_six_cases_configure_actor_and_critic_and_the_param_offload_knob():

@@ -8,13 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from repro.algorithms import entropy_from_logits, logprobs_from_logits
+from repro.rl.algorithms import entropy_from_logits, logprobs_from_logits
 from repro.workers.logprob import token_log_probs
 
 
 def _full(logits, labels, temperature):
     x = logits / temperature
-    if x.dtype == torch.float64:  # repro.algorithms computes in fp32; the proof here needs fp64
+    if x.dtype == torch.float64:  # repro.rl.algorithms computes in fp32; the proof here needs fp64
         log_probs = torch.log_softmax(x, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
         return log_probs, entropy_from_logits(x)
     return logprobs_from_logits(x, labels), entropy_from_logits(x.float())

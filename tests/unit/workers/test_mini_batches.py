@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from repro.batch import padded_batch
+from repro.batching.batch import padded_batch
 from repro.workers.mini_batches import mean_update_stats, plan_mini_batches
 
 

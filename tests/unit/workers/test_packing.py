@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from repro.token_budget import first_fit
+from repro.batching.token_budget import first_fit
 from repro.workers.packing import pack
 
 

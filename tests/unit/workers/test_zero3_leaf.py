@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from repro.config_loader import load_config
+from repro.config.loader import load_config
+from repro.config.plan import effective_plan, plan_summary
+from repro.config.zero3 import leaf_names_for_path
 from repro.data.tiny_model import toy_qwen3_config
-from repro.plan import effective_plan, plan_summary
-from repro.workers.zero3_leaf import decoder_layer_classes, leaf_names_for_path, mark_zero3_leaves
+from repro.workers.zero3_leaf import decoder_layer_classes, mark_zero3_leaves
 
 
 def test_decoder_layer_class_is_found_from_the_model_and_marked():

@@ -1,0 +1,167 @@
+"""Everything a run settles before its first step: built-in model and data, run directory, logs.
+
+- ``model.path=tiny`` becomes the warm-started tiny policy (``repro.data.ensure_tiny_policy``);
+  ``data.train_files`` / ``data.val_files`` left at None become the arithmetic task's parquet
+  files (``repro.data.ensure_arith_parquet``), both cached under ``$REPRO_CACHE_DIR``.
+- The run directory is ``trainer.output_dir`` when given, else
+  ``outputs/<experiment_name>_<timestamp>``. With ``trainer.resume_mode=auto`` the latest run
+  directory of the same experiment that did not finish and holds a checkpoint is reused, so
+  restarting a killed run with the same command continues it in place (``repro.run.resume``
+  first makes sure it is the same run).
+- ``train.log`` receives every driver log line; ``config.yaml`` is the effective config.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from repro.config import RunConfig
+from repro.run.checkpoints import MARKER, STEP_FORMAT, CheckpointStore
+
+log = logging.getLogger("repro.trainer")
+
+TINY = "tiny"
+RUN_STATE = "run.json"
+LATEST = MARKER
+STEP_DIR = STEP_FORMAT
+
+
+def outputs_root() -> Path:
+    """Parent of the run directories: ``$REPRO_OUTPUTS_DIR`` or ``./outputs``."""
+    return Path(os.environ.get("REPRO_OUTPUTS_DIR") or "outputs")
+
+
+def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
+    """A copy of ``cfg`` whose model paths and data files name real folders and files."""
+    cfg = copy.deepcopy(cfg)
+    models = [cfg.actor_rollout_ref.model, cfg.critic.model]
+    if any(m.path == TINY for m in models):
+        import torch
+
+        from repro.data.sft import ensure_tiny_policy
+
+        # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
+        # and CPU and GPU runs then start from the same policy.
+        tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
+        for m in models:
+            if m.path == TINY:
+                m.path = tiny
+    for m in models:
+        if not Path(m.path).is_dir():
+            raise ValueError(f"model.path={m.path!r} is not a directory (use a Hugging Face model folder or 'tiny')")
+    if cfg.data.train_files is None or cfg.data.val_files is None:
+        from repro.data.arith import ensure_arith_parquet
+        from repro.data.sft import cache_root
+
+        train, val = ensure_arith_parquet(cache_root() / "arith" / f"seed{cfg.data.seed}", seed=cfg.data.seed)
+        if cfg.data.train_files is None:
+            cfg.data.train_files = str(train)
+        if cfg.data.val_files is None:
+            cfg.data.val_files = str(val)
+    return cfg
+
+
+@dataclass
+class RunPaths:
+    run_dir: Path
+    ckpt_dir: Path
+    resumed_from: Path | None
+    """The checkpoint step directory to load, or None for a fresh start."""
+    resume_step: int
+
+
+def _is_run_of(name: str, experiment: str) -> bool:
+    return re.fullmatch(re.escape(experiment) + r"_\d{8}_\d{6}(_\d+)?", name) is not None
+
+
+def run_state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RUN_STATE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_run_state(run_dir: Path, **fields: Any) -> None:
+    state = run_state(run_dir)
+    state.update(fields)
+    tmp = run_dir / f".{RUN_STATE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1) + "\n")
+    os.replace(tmp, run_dir / RUN_STATE)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> tuple[Path, int] | None:
+    """The newest complete checkpoint (by its manifest; the trainer verifies its files before loading)."""
+    return CheckpointStore(ckpt_dir).latest()
+
+
+def _new_run_dir(experiment: str) -> Path:
+    root = outputs_root()
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    path, k = root / f"{experiment}_{stamp}", 1
+    while path.exists():
+        path, k = root / f"{experiment}_{stamp}_{k}", k + 1
+    return path
+
+
+def choose_run_paths(cfg: RunConfig) -> RunPaths:
+    """Pick the run directory and the checkpoint to resume from (module docstring)."""
+    t = cfg.trainer
+    if t.output_dir:
+        run_dir = Path(t.output_dir)
+    elif t.resume_mode == "auto":
+        root = outputs_root()
+        runs = sorted(p for p in root.iterdir() if p.is_dir() and _is_run_of(p.name, t.experiment_name)) \
+            if root.is_dir() else []
+        # A folder without a checkpoint has nothing to continue (a run that failed early): never adopt it.
+        unfinished = [p for p in runs
+                      if run_state(p).get("status") != "finished" and latest_checkpoint(p / "checkpoints")]
+        run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
+    else:
+        run_dir = _new_run_dir(t.experiment_name)
+    ckpt_dir = Path(t.default_local_dir) if t.default_local_dir else run_dir / "checkpoints"
+
+    resumed, step = None, 0
+    if t.resume_mode == "auto":
+        found = latest_checkpoint(ckpt_dir) if ckpt_dir.is_dir() else None
+        if found:
+            resumed, step = found
+    elif t.resume_mode == "resume_path":
+        if not t.resume_from_path:
+            raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N>")
+        resumed = Path(t.resume_from_path)
+        m = re.fullmatch(r"global_step_(\d+)", resumed.name)
+        if not resumed.is_dir() or not m:
+            raise ValueError(f"trainer.resume_from_path={t.resume_from_path!r} is not a global_step_<N> checkpoint folder")
+        step = int(m.group(1))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return RunPaths(run_dir=run_dir, ckpt_dir=ckpt_dir, resumed_from=resumed, resume_step=step)
+
+
+def setup_logging(run_dir: Path) -> logging.Handler:
+    """Driver log lines to stderr (INFO) and ``train.log`` (DEBUG); returns the file handler."""
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    if not any(getattr(h, "_repro_console", False) for h in log.handlers):
+        console = logging.StreamHandler(sys.stderr)
+        console.setLevel(logging.INFO)
+        console.setFormatter(logging.Formatter("[repro] %(message)s"))
+        console._repro_console = True  # type: ignore[attr-defined]
+        log.addHandler(console)
+    fh = logging.FileHandler(run_dir / "train.log")
+    fh.setLevel(logging.DEBUG)
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(fh)
+    return fh
+
+
+def write_config_yaml(cfg: RunConfig, path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    path.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))

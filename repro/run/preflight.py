@@ -1,0 +1,203 @@
+"""Checks of a run's inputs in the driver, before Ray or any worker starts.
+
+A mistake in a data file, a model folder, the output folder, the device or the node count would
+otherwise surface 30-90 s into a run as a raw traceback from deep inside pyarrow, transformers or
+Ray (sometimes a misleading one: an empty model folder asks for sentencepiece). :func:`preflight`
+finds them in a second or two and raises :class:`InputError` with one line naming the config key
+and the file or value; ``repro.main_ppo`` prints it and exits with status 2.
+
+What is checked (the built-in tiny policy and the built-in arithmetic data are skipped: repro
+builds those itself):
+
+- ``data.train_files`` / ``data.val_files``: each file exists, is not empty, is a parquet file
+  (an empty file, a truncated one or a CSV renamed ``.parquet`` is refused), has the
+  ``data.prompt_key`` and ``data.reward_fn_key`` columns; the training files hold at least
+  ``data.train_batch_size`` rows, the validation files at least one.
+- model folders (actor, critic when used, tokenizer_path): ``config.json`` present and valid
+  JSON, a tokenizer file present.
+- the output folder (``trainer.output_dir``, else ``$REPRO_OUTPUTS_DIR`` / ``outputs``) and
+  ``trainer.default_local_dir``: not a file, and writable (a file is created and removed there).
+- ``trainer.device=cuda``: this host has ``n_gpus_per_node`` GPUs (one node's worth of ranks
+  runs here; the others are on the cluster's other nodes).
+- ``trainer.nnodes``: see :func:`check_nodes` (reusable by the cluster code).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from repro.cluster import placement
+from repro.config import RunConfig, critic_enabled
+from repro.devices import visible_gpus
+
+TINY = "tiny"
+# Any of these makes a folder loadable by AutoTokenizer (fast, sentencepiece, BPE, WordPiece, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
+                   "tokenizer.tiktoken", "qwen.tiktoken")
+
+
+class InputError(ValueError):
+    """A problem with the user's input, found before any work starts: exit status 2, one line."""
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (str, os.PathLike)):
+        return [str(value)]
+    return [str(v) for v in value]
+
+
+def check_data_files(key: str, value: Any, columns: tuple[tuple[str, str], ...], min_rows: int,
+                     min_rows_key: str) -> None:
+    """``value`` (one path or a list) names readable parquet files with ``columns`` and ``min_rows`` rows.
+
+    ``columns`` pairs each required column with the config key that names it.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = _files(value)
+    if value is not None and not files:
+        raise InputError(f"{key}=[]: empty list; give one or more parquet files or leave it unset")
+    rows = 0
+    for f in files:
+        path = Path(f)
+        if not path.exists():
+            raise InputError(f"{key}: {f} does not exist (leave it unset for the built-in arithmetic task)")
+        if not path.is_file():
+            raise InputError(f"{key}: {f} is not a file")
+        if path.stat().st_size == 0:
+            raise InputError(f"{key}: {f} is empty (0 bytes); expected a parquet file")
+        try:
+            meta = pq.ParquetFile(path)
+            names = meta.schema_arrow.names
+            n = meta.metadata.num_rows
+        except (pa.ArrowException, OSError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise InputError(f"{key}: {f} is not a readable parquet file ({first})") from None
+        for col, col_key in columns:
+            if col not in names:
+                raise InputError(f"{key}: {f} has no column {col!r} ({col_key}); its columns: {names}")
+        rows += n
+    if files and rows < min_rows:
+        raise InputError(
+            f"{key}: {', '.join(files)} have {rows} row(s) in all, fewer than {min_rows_key}={min_rows}"
+        )
+
+
+def check_model_dir(key: str, path: str, *, need_config: bool = True) -> None:
+    """``path`` is a Hugging Face model folder: ``config.json`` (valid JSON) and a tokenizer file."""
+    folder = Path(path)
+    if not folder.is_dir():
+        raise InputError(f"{key}={path!r} is not a local directory (use a Hugging Face model folder or 'tiny')")
+    if need_config:
+        config = folder / "config.json"
+        if not config.is_file():
+            raise InputError(f"{key}={path!r} has no config.json; is it a Hugging Face model folder?")
+        try:
+            data = json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{key}: {config} is not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise InputError(f"{key}: {config} is not a JSON object")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise InputError(
+            f"{key}={path!r} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)}); "
+            "set the tokenizer_path key next to it to a folder that has one"
+        )
+
+
+def check_writable_dir(key: str, path: Path) -> None:
+    """``path`` is (or can be made) a folder this process can write in; nothing is left behind."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        where = "is a file" if probe == path else f"cannot be created: {probe} is a file"
+        raise InputError(f"{key}: {path} {where}; give a folder")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".repro-write-check.", dir=probe)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as e:
+        raise InputError(f"{key}: {path} is not writable ({e.strerror or e} in {probe})") from None
+
+
+def check_device(cfg: RunConfig, gpus: int | None = None) -> None:
+    """``trainer.device=cuda`` needs ``n_gpus_per_node`` GPUs on this host."""
+    t = cfg.trainer
+    if t.device != "cuda":
+        return
+    have = visible_gpus() if gpus is None else gpus
+    if have < t.n_gpus_per_node:
+        raise InputError(
+            f"trainer.device=cuda with trainer.n_gpus_per_node={t.n_gpus_per_node} needs "
+            f"{t.n_gpus_per_node} GPU(s) on this host, which has {have}; lower trainer.n_gpus_per_node "
+            "or use trainer.device=cpu (CPU ranks)"
+        )
+
+
+def check_nodes(nnodes: int, address: str | None) -> None:
+    """``trainer.nnodes>1`` needs a cluster to join (``repro.cluster.placement``'s rule, as an input error).
+
+    Whether that cluster has enough alive nodes with the resources is known only once Ray is
+    up: ``repro.cluster.placement.check_nodes`` refuses it there, before any rank starts.
+    """
+    try:
+        placement.require_cluster_for_nodes(nnodes, address)
+    except placement.PlacementError as e:
+        raise InputError(str(e)) from None
+
+
+def output_dirs(cfg: RunConfig) -> list[tuple[str, Path]]:
+    """(key, folder) of every folder a run writes into."""
+    from repro.run.paths import outputs_root
+
+    t = cfg.trainer
+    dirs = [("trainer.output_dir", Path(t.output_dir))] if t.output_dir else \
+        [("trainer.output_dir (default $REPRO_OUTPUTS_DIR or ./outputs)", outputs_root())]
+    if t.default_local_dir:
+        dirs.append(("trainer.default_local_dir", Path(t.default_local_dir)))
+    return dirs
+
+
+def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
+    """Check ``cfg``'s inputs (module docstring). A real run raises :class:`InputError` at the first
+    problem; a dry run (which loads nothing) gets every problem back as a note instead."""
+    d = cfg.data
+    cols = ((d.prompt_key, "data.prompt_key"), (d.reward_fn_key, "data.reward_fn_key"))
+    checks: list[tuple[Any, ...]] = [
+        (check_data_files, "data.train_files", d.train_files, cols, d.train_batch_size, "data.train_batch_size"),
+        (check_data_files, "data.val_files", d.val_files, cols, 1, "1"),
+    ]
+    models = [("actor_rollout_ref.model", cfg.actor_rollout_ref.model)]
+    if critic_enabled(cfg):
+        models.append(("critic.model", cfg.critic.model))
+    for key, model in models:
+        if model.path != TINY:
+            checks.append((check_model_dir, f"{key}.path", model.path))
+        if model.tokenizer_path:
+            checks.append((lambda k, p: check_model_dir(k, p, need_config=False), f"{key}.tokenizer_path",
+                           model.tokenizer_path))
+    if not dry:
+        checks += [(check_writable_dir, key, path) for key, path in output_dirs(cfg)]
+        checks.append((check_device, cfg))
+        checks.append((check_nodes, cfg.trainer.nnodes, placement.cluster_address(cfg.trainer.ray_address)))
+    notes = []
+    for fn, *args in checks:
+        if dry and not all(Path(f).exists() for f in _files(args[1])):
+            continue  # the config loader already noted a missing path (a dry run loads nothing)
+        try:
+            fn(*args)
+        except InputError as e:
+            if not dry:
+                raise
+            notes.append(f"{e} (a real run fails here)")
+    return notes

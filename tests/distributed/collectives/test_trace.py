@@ -1,0 +1,391 @@
+"""The collective tracer on real gloo ranks: live check, record + analyze, CLI, Flight Recorder, ZeRO-2."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from repro.collectives_trace import analyze
+from tests.multirank import RankFailure
+
+_REPO = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _diverge(kind: str, rank: int) -> None:
+    """The divergent step of each scenario; the line numbers below are what the reports must name."""
+    import torch
+    import torch.distributed as dist
+
+    if kind == "size":
+        dist.all_reduce(torch.ones(1 if rank == 0 else 8))  # site:size
+    elif kind == "dtype":
+        dist.all_reduce(torch.ones(4, dtype=torch.float32 if rank == 0 else torch.int32))  # site:dtype
+    elif kind == "op":
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))  # site:op0
+        else:
+            dist.broadcast(torch.ones(4), src=0)  # site:op1
+    elif kind == "extra":
+        if rank == 0:
+            dist.barrier()  # site:extra0 (the extra call)
+        dist.all_reduce(torch.ones(4))  # site:extra1
+    elif kind == "missing":
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))  # site:missing (rank 1 never issues this one)
+    else:
+        raise AssertionError(kind)
+
+
+def _check_rank(rank: int, world_size: int, kind: str, out_dir: str, timeout_s: float) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from repro.collectives.report import divergence_to_json
+    from repro.collectives_trace import CollectiveMismatchError, trace_collectives
+
+    start = None
+    try:
+        with trace_collectives(out_dir, check="every", timeout_s=timeout_s):
+            dist.all_reduce(torch.ones(4))  # agreed by both ranks
+            start = time.monotonic()
+            _diverge(kind, rank)
+    except CollectiveMismatchError as exc:
+        return {
+            "raised": True,
+            "report": exc.report,
+            "json": divergence_to_json(exc.divergence),
+            "elapsed": time.monotonic() - start,
+        }
+    return {"raised": False, "elapsed": time.monotonic() - start}
+
+
+def _site_line(marker: str) -> str:
+    """``test_collectives_trace.py:<line> _diverge`` for the line of ``_diverge`` tagged ``# site:<marker>``."""
+    lines = pathlib.Path(__file__).read_text().splitlines()
+    hits = [
+        i + 1
+        for i, line in enumerate(lines)
+        if line.split("# site:")[-1].split(" ")[0] == marker and "# site:" in line
+    ]
+    assert len(hits) == 1, (marker, hits)
+    return f"test_collectives_trace.py:{hits[0]} _diverge"
+
+
+@pytest.mark.parametrize(
+    ("kind", "differing", "site0", "site1"),
+    [
+        ("size", ["numel"], "size", "size"),
+        ("dtype", ["dtype"], "dtype", "dtype"),
+        ("op", ["op", "root", "redop"], "op0", "op1"),
+        ("extra", ["op", "numel", "dtype", "redop"], "extra0", "extra1"),
+    ],
+)
+def test_check_mode_reports_mismatch_on_both_ranks_with_both_call_sites(
+    multirank, tmp_path, kind, differing, site0, site1
+):
+    results = multirank(_check_rank, args=(kind, str(tmp_path / "trace"), 10.0), timeout_s=60)
+    for r in results:
+        assert r["raised"], r
+        assert r["elapsed"] < 10.0
+        d = r["json"]
+        assert d["kind"] == "mismatch"
+        assert d["differing"] == differing
+        assert (d["rank_a"], d["rank_b"]) == (0, 1)
+    d = results[0]["json"]
+    # Both call sites, as file:line function, point at the divergent lines.
+    for call, marker in ((d["call_a"], site0), (d["call_b"], site1)):
+        assert call["site"].endswith(_site_line(marker)), (call["site"], marker)
+        assert call["site"] in results[1]["report"]
+    assert results[0]["report"] == results[1]["report"].replace("on rank 1", "on rank 0")
+
+
+def test_check_mode_reports_a_rank_that_never_arrives_with_its_last_call(multirank, tmp_path):
+    results = multirank(_check_rank, args=("missing", str(tmp_path / "trace"), 3.0), timeout_s=60)
+    r0, r1 = results
+    assert not r1["raised"]  # rank 1 left the traced block; rank 0 waits for it in vain
+    assert r0["raised"] and 3.0 <= r0["elapsed"] < 10.0
+    d = r0["json"]
+    assert d["kind"] == "timeout" and d["missing_ranks"] == [1]
+    assert d["call_a"]["site"].endswith(_site_line("missing"))
+    # rank 1's last checked call is the agreed first all_reduce
+    assert d["last_b"]["group_seq"] == 1 and d["last_b"]["site"].endswith("_check_rank")
+    assert "Rank 1 did not reach all_reduce (call #2" in r0["report"]
+
+
+def _subgroup_rank(rank: int, world_size: int, out_dir: str) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from repro.collectives.report import divergence_to_json
+    from repro.collectives_trace import CollectiveMismatchError, trace_collectives
+
+    sub = dist.new_group([1, 2])
+    if rank == 0:
+        return {"raised": False}
+    start = time.monotonic()
+    try:
+        with trace_collectives(out_dir, check="every", timeout_s=10):
+            t = torch.ones(4)
+            dist.broadcast(t, group=sub, group_src=1)  # group rank 1 is global rank 2
+            dist.all_reduce(torch.ones(4 if rank == 1 else 2), group=sub)
+    except CollectiveMismatchError as exc:
+        return {
+            "raised": True,
+            "json": divergence_to_json(exc.divergence),
+            "elapsed": time.monotonic() - start,
+        }
+    return {"raised": False}
+
+
+def test_check_mode_reports_subgroup_mismatch_with_global_ranks(multirank, tmp_path):
+    out = tmp_path / "trace"
+    results = multirank(_subgroup_rank, world_size=3, args=(str(out),), timeout_s=60)
+    assert not results[0]["raised"]
+    for r in results[1:]:
+        assert r["raised"] and r["elapsed"] < 10.0
+        d = r["json"]
+        assert d["ranks"] == [1, 2] and (d["rank_a"], d["rank_b"]) == (1, 2)
+        assert (d["call_a"]["numel"], d["call_b"]["numel"]) == (4, 2)
+        assert d["before"][0][0]["op"] == "broadcast" and d["before"][0][0]["root"] == 2
+    assert not (out / "rank0.jsonl").exists()  # rank 0 issued nothing traced
+
+
+def _record_size_mismatch_rank(rank: int, world_size: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from repro.collectives_trace import trace_collectives
+
+    with trace_collectives(out_dir, check="off"):
+        dist.all_reduce(torch.ones(4))
+        _diverge("size", rank)
+
+
+def test_record_mode_trace_survives_the_gloo_abort_and_analyze_finds_the_size_mismatch(multirank, tmp_path):
+    out = tmp_path / "trace"
+    with pytest.raises(RankFailure):
+        multirank(_record_size_mismatch_rank, args=(str(out),), timeout_s=60)
+    traces, d = analyze(out)
+    assert sorted(traces) == [0, 1]
+    assert d is not None and d.kind == "mismatch" and d.differing == ["numel"]
+    assert (d.call_a.numel, d.call_b.numel) == (1, 8)
+    assert d.call_a.site.endswith(_site_line("size"))
+    assert d.before[0][0].numel == 4
+
+
+def _flight_recorder_rank(rank: int, world_size: int, out_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.all_reduce(torch.ones(4))
+    _diverge("dtype", rank)  # gloo completes this one and returns garbage
+    dist.barrier()
+    dump = torch._C._distributed_c10d._dump_fr_trace()
+    pathlib.Path(out_dir, f"fr_trace_rank_{rank}").write_bytes(dump)
+
+
+def test_flight_recorder_dump_from_gloo_is_analyzed(multirank, tmp_path):
+    out = tmp_path / "fr"
+    out.mkdir()
+    multirank(_flight_recorder_rank, args=(str(out),), env={"TORCH_FR_BUFFER_SIZE": "64"}, deepspeed=False)
+    traces, d = analyze(out)
+    assert sorted(traces) == [0, 1] and traces[0].meta["format"] == "flight_recorder"
+    assert d is not None and d.kind == "mismatch" and d.differing == ["dtype"]
+    assert (d.call_a.dtype, d.call_b.dtype) == ("float32", "int32")
+    assert d.call_a.site.endswith(_site_line("dtype"))
+
+
+def _launch(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(_REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "repro.collectives_trace", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(
+        textwrap.dedent("""
+        import torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        dist.all_reduce(torch.ones(4))
+        if rank == 0:
+            dist.all_reduce(torch.ones(3))
+        else:
+            dist.all_reduce(torch.ones(5))
+    """)
+    )
+    out = tmp_path / "trace"
+    done = _launch(
+        ["launch", "--nproc-per-node", "2", "--check", "every", "--out", str(out), "--", str(script)],
+        tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert (
+        "Collective mismatch" in done.stdout
+        and "job.py:7 <module>" in done.stdout
+        and "job.py:9 <module>" in done.stdout
+    )
+    assert "SIGABRT" not in done.stdout
+    report = json.loads(_launch(["analyze", str(out), "--json"], tmp_path).stdout)["divergence"]
+    assert (report["call_a"]["numel"], report["call_b"]["numel"]) == (3, 5)
+    chrome = tmp_path / "t.json"
+    assert _launch(["export", str(out), "--chrome", str(chrome)], tmp_path).returncode == 0
+    marked = [e for e in json.loads(chrome.read_text())["traceEvents"] if e.get("cname") == "terrible"]
+    assert {e.get("pid") for e in marked} == {0, 1}
+
+
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_cli_launch_exits_zero_when_ranks_agree(tmp_path, form):
+    script = tmp_path / "ok_job.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+        "dist.all_reduce(torch.ones(2))\ndist.barrier()\n"
+    )
+    # -m: the ranks find the module as python -m does, from the working directory (tmp_path).
+    target = [str(script)] if form == "script" else ["-m", "ok_job"]
+    done = _launch(["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", *target], tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all 2 ranks exited 0; no divergence (rank 0: 2 calls; rank 1: 2 calls)" in done.stdout, (
+        done.stdout
+    )
+
+
+# ---- the ZeRO-2 reproduction: the reference actor with the inactive-micro shortcut forced on ----
+
+_ENGINE_PY = _REPO / "repro" / "workers" / "engine.py"
+_SCENARIO = _REPO / "repro" / "scenarios" / "zero2_inactive_micro.py"
+
+
+def _engine_line(site: str) -> str:
+    """The source text of ``repro/workers/engine.py:<line> train_mini_batch``, the worker's call site."""
+    path, _, rest = site.partition(":")
+    assert path.endswith("repro/workers/engine.py") and rest.endswith(" train_mini_batch"), site
+    return _ENGINE_PY.read_text().splitlines()[int(rest.split()[0]) - 1]
+
+
+def _tiny_qwen3_numel() -> int:
+    from transformers import Qwen3ForCausalLM
+
+    from repro.data.tiny_model import toy_qwen3_config
+
+    model = Qwen3ForCausalLM(toy_qwen3_config())
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _zero2_rank(rank: int, world_size: int, skip: bool, check: str, out_dir: str, model_dir: str) -> dict:
+    import time as _time
+
+    from repro.collectives.report import divergence_to_json
+    from repro.collectives_trace import CollectiveMismatchError, trace_collectives
+    from repro.scenarios.zero2_inactive_micro import run
+
+    try:
+        with trace_collectives(out_dir, check=check, timeout_s=20):
+            out = run(rank, world_size, skip_inactive=skip, model_dir=model_dir)
+    except CollectiveMismatchError as exc:
+        return {
+            "raised": True,
+            "json": divergence_to_json(exc.divergence),
+            "report": exc.report,
+            "raised_at": _time.time(),  # wall clock, comparable with the calls' recorded start times
+        }
+    return {"raised": False, **out}
+
+
+def test_zero2_actor_inactive_skip_is_caught_naming_scalar_all_reduce_and_gradient_reduction(
+    multirank, tmp_path
+):
+    from repro.scenarios.zero2_inactive_micro import make_model_dir
+
+    model_dir = make_model_dir(tmp_path / "model")
+    results = multirank(_zero2_rank, args=(True, "every", str(tmp_path / "trace"), model_dir), timeout_s=90)
+    grads = _tiny_qwen3_numel()
+    for r in results:  # both ranks raise (neither is aborted by gloo)
+        assert r["raised"], r
+        d = r["json"]
+        a, b = d["call_a"], d["call_b"]
+        assert d["kind"] == "mismatch" and d["differing"] == ["numel"]
+        assert (d["rank_a"], d["rank_b"]) == (0, 1) and a["group"] == b["group"]
+        # Rank 0 skipped its empty micro-batch and is in the optimizer step's grad-norm all_reduce...
+        assert (a["op"], a["numel"], a["dtype"]) == ("all_reduce", 1, "float32")
+        assert "engine.step()" in _engine_line(a["site"])
+        assert "stage_1_and_2.py" in a["lib_site"] and "get_grad_norm" in a["lib_site"]
+        # ...while rank 1 is in the second micro-batch's backward, reducing every gradient element.
+        assert (b["op"], b["numel"], b["dtype"]) == ("all_reduce", grads, "float32")
+        assert "engine.backward(" in _engine_line(b["site"])
+        assert "stage_1_and_2.py" in b["lib_site"]
+        for call in (a, b):  # the side-by-side table shows both call sites
+            assert call["site"] in r["report"] and call["lib_site"] in r["report"]
+        # Reported within 10 s of the divergent call (rank 0's, the earlier one).
+        assert 0 <= r["raised_at"] - min(a["t"], b["t"]) < 10.0
+    assert "rank 0 issued all_reduce numel=1 float32" in results[0]["report"]
+    assert f"rank 1 issued all_reduce numel={grads} float32" in results[0]["report"]
+
+
+def test_zero2_actor_without_the_shortcut_ranks_issue_identical_collectives(multirank, tmp_path):
+    from repro.collectives.events import read_trace_dir
+    from repro.scenarios.zero2_inactive_micro import make_model_dir
+
+    out = tmp_path / "trace"
+    model_dir = make_model_dir(tmp_path / "model")
+    results = multirank(_zero2_rank, args=(False, "every", str(out), model_dir), timeout_s=90)
+    assert not any(r["raised"] for r in results)
+    # Rank 0's empty micro-batch ran with a zero loss: the update is the same on both ranks.
+    assert results[0]["param_checksum"] == results[1]["param_checksum"]
+    assert results[0]["metrics"][0]["actor/grad_norm"] == results[1]["metrics"][0]["actor/grad_norm"]
+    traces = read_trace_dir(out)
+    assert sorted(traces) == [0, 1] and not any(t.check_failures for t in traces.values())
+    seqs = [
+        [
+            (c.op, c.numel, c.dtype, traces[r].groups.get(c.group, c.ranks), c.group_seq)
+            for c in traces[r].calls
+        ]
+        for r in (0, 1)
+    ]
+    assert seqs[0] == seqs[1]
+    reductions = [s for s in seqs[0] if s[0] == "all_reduce"]
+    # Both micro-batches' gradient reductions and the step's scalar all_reduce were recorded.
+    assert sum(s[1] == _tiny_qwen3_numel() for s in reductions) == 2
+    assert any(s[1] == 1 for s in reductions)
+    assert analyze(out)[1] is None
+
+
+def test_cli_launch_of_the_zero2_scenario_exits_nonzero_with_the_report(tmp_path):
+    out = tmp_path / "trace"
+    start = time.monotonic()
+    done = _launch(
+        [
+            "launch",
+            "--nproc-per-node",
+            "2",
+            "--check",
+            "every",
+            "--out",
+            str(out),
+            "--",
+            str(_SCENARIO),
+            "--skip-inactive",
+        ],
+        _REPO,
+    )
+    elapsed = time.monotonic() - start
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Collective mismatch" in done.stdout and "all_reduce numel=1 float32" in done.stdout
+    assert f"all_reduce numel={_tiny_qwen3_numel()} float32" in done.stdout
+    assert "get_grad_norm_direct" in done.stdout and "train_mini_batch" in done.stdout
+    assert "SIGABRT" not in done.stdout
+    assert elapsed < 60, elapsed

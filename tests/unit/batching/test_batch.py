@@ -1,0 +1,131 @@
+"""The batch type's row operations: shards, joins, selections, chunks and the padded layout."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from repro.batching.batch import (
+    chunks,
+    concat_batches,
+    num_samples,
+    padded_batch,
+    pick,
+    select,
+    seq_lens,
+    shard_batch,
+    split_list,
+    to_device,
+)
+
+
+def _batch(rows: int) -> dict[str, torch.Tensor]:
+    return {"responses": torch.arange(rows * 3).reshape(rows, 3), "advantages": torch.arange(rows, dtype=torch.float32)}
+
+
+@given(parts=st.integers(1, 6), per_part=st.integers(0, 5))
+def test_shards_are_contiguous_equal_and_concat_restores_the_batch(parts, per_part):
+    batch = _batch(parts * per_part)
+    shards = shard_batch(batch, parts)
+    assert [num_samples(s) for s in shards] == [per_part] * parts
+    assert [s["advantages"].tolist() for s in shards] == [
+        list(map(float, range(r * per_part, (r + 1) * per_part))) for r in range(parts)
+    ]
+    back = concat_batches(shards)
+    assert all(torch.equal(back[k], batch[k]) for k in batch)
+
+
+def test_uneven_batch_split_is_refused():
+    with pytest.raises(ValueError, match="evenly"):
+        shard_batch({"a": torch.zeros(5, 2)}, 2)
+
+
+def test_concat_of_shards_with_different_keys_is_refused():
+    with pytest.raises(ValueError, match="different keys"):
+        concat_batches([{"a": torch.zeros(1)}, {"b": torch.zeros(1)}])
+
+
+def test_split_list_keeps_order_and_spreads_the_remainder():
+    assert split_list(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert split_list([1], 2) == [[1], []]
+
+
+@given(total=st.integers(0, 40), size=st.integers(1, 12))
+def test_chunks_cover_every_index_once_in_order_with_only_the_last_short(total, size):
+    out = chunks(total, size)
+    assert [i for c in out for i in c] == list(range(total))
+    assert all(len(c) == size for c in out[:-1])
+    assert not out or 1 <= len(out[-1]) <= size
+
+
+def test_chunk_size_below_one_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        chunks(4, 0)
+
+
+@given(rows=st.integers(1, 8), data=st.data())
+def test_select_takes_the_rows_in_the_given_order_and_drops_scalars(rows, data):
+    index = data.draw(st.lists(st.integers(0, rows - 1), max_size=10))
+    batch = {**_batch(rows), "step": torch.tensor(3)}
+    out = select(batch, index)
+    assert set(out) == {"responses", "advantages"}
+    assert out["advantages"].tolist() == [float(i) for i in index]
+    assert torch.equal(out["responses"], batch["responses"][index])
+
+
+def test_pick_keeps_the_named_keys_that_exist():
+    batch = _batch(2)
+    assert set(pick(batch, ("advantages", "returns"))) == {"advantages"}
+
+
+def test_to_device_moves_tensors_and_keeps_other_values():
+    out = to_device({"a": torch.zeros(2), "n": 3}, torch.device("meta"))
+    assert out["a"].device.type == "meta" and out["n"] == 3
+
+
+@given(prompt_lens=st.lists(st.integers(0, 5), min_size=1, max_size=6), data=st.data())
+def test_padded_batch_positions_count_real_tokens_and_masks_join(prompt_lens, data):
+    b, p, r = len(prompt_lens), 5, 4
+    resp_lens = data.draw(st.lists(st.integers(0, r), min_size=b, max_size=b))
+    prompt_mask = (torch.arange(p)[None] >= (p - torch.tensor(prompt_lens))[:, None]).long()
+    response_mask = (torch.arange(r)[None] < torch.tensor(resp_lens)[:, None]).long()
+    prompts, responses = torch.randint(1, 9, (b, p)) * prompt_mask, torch.randint(1, 9, (b, r)) * response_mask
+    out = padded_batch(prompts, prompt_mask, responses, response_mask)
+    assert seq_lens(out) == [pl + rl for pl, rl in zip(prompt_lens, resp_lens, strict=True)]
+    assert torch.equal(out["input_ids"][:, p:], responses) and torch.equal(out["responses"], responses)
+    for row in range(b):
+        real = out["attention_mask"][row].bool()
+        assert out["position_ids"][row][real].tolist() == list(range(int(real.sum())))
+        assert out["position_ids"][row][: p - prompt_lens[row]].eq(0).all()
+
+
+def _batch_aliases(source: str) -> list[str]:
+    """Module-level names bound to ``dict[str, torch.Tensor]`` (or named ``Batch``) in ``source``."""
+    import ast
+
+    out = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        value = getattr(node, "value", None)
+        for target in targets:
+            if isinstance(target, ast.Name) and value is not None and (
+                target.id == "Batch" or ast.unparse(value).replace(" ", "") == "dict[str,torch.Tensor]"
+            ):
+                out.append(target.id)
+    return out
+
+
+def test_the_batch_type_is_defined_in_one_module_only():
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[3] / "repro"
+    found = {str(p.relative_to(root)): names for p in sorted(root.rglob("*.py"))
+             if (names := _batch_aliases(p.read_text()))}
+    assert found == {"batching/batch.py": ["Batch"]}, f"define batch types in repro/batching/batch.py only, not in {found}"
+
+
+def test_the_alias_scanner_finds_a_second_definition():
+    assert _batch_aliases("import torch\nRows = dict[str, torch.Tensor]\nBatch = dict\n") == ["Rows", "Batch"]
+    assert _batch_aliases("from repro.batching.batch import Batch\nx: int = 1\n") == []

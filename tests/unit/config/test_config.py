@@ -1,0 +1,378 @@
+"""Config building (repro.config.loader.load_config): verl command lines, validation, warnings, env knobs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import warnings
+
+import pytest
+
+from repro.config import DeepSpeedConfig, RunConfig, critic_enabled, ref_policy_used, resolve_env_knobs
+from repro.config.loader import (
+    ConfigWarning,
+    check_overrides,
+    close_matches,
+    config_keys,
+    load_config,
+)
+from repro.config.rules import validate_run_config
+from tests.pr_commands import all_pr_commands
+
+PR_COMMANDS = all_pr_commands()
+# A dry run only warns about missing models and data, so the fixtures' paths need not exist.
+SHELL_VARS = {
+    "DATA_TRAIN": "/nonexistent/train.parquet",
+    "DATA_VAL": "/nonexistent/val.parquet",
+    "BENCH_DIR": "/tmp/repro-bench",
+}
+ZERO3 = next(c for c in PR_COMMANDS if c.name == "zero3_cpu_offload")
+
+
+_BUILT: dict[str, tuple[RunConfig, list[str]]] = {}
+
+
+def built(cmd):
+    """The dry-run config of a PR command (built once per test session)."""
+    if cmd.name not in _BUILT:
+        _BUILT[cmd.name] = dry(cmd.expanded(SHELL_VARS), cmd.env)
+    return _BUILT[cmd.name]
+
+
+def load(overrides, environ=None):
+    """load_config, returning (cfg, warning messages)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        cfg = load_config(list(overrides), environ={} if environ is None else environ)
+    return cfg, [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
+
+
+def dry(overrides, environ=None):
+    return load([*overrides, "trainer.dry_run=true"], environ)
+
+
+def test_fixtures_hold_every_pr_command():
+    names = {c.name for c in PR_COMMANDS}
+    six = {f"zero{s}_{o}_offload" for s in (1, 2, 3) for o in ("no", "cpu")}
+    assert six | {"minimal_demo", "grpo_fix_60", "bench_zero3_cpu_offload", "older_form_aliases"} <= names
+    assert all(c.env.get("VERL_DS_ZERO2_FP32_ACCUM_PATCH") == "1" for c in PR_COMMANDS if c.name in six)
+    assert [c.name for c in PR_COMMANDS if "VERL_ENABLE_PARAM_OFFLOAD" in c.env] == [
+        "bench_zero3_cpu_offload",
+        "zero3_cpu_offload",
+    ]
+
+
+@pytest.mark.parametrize("cmd", PR_COMMANDS, ids=lambda c: c.name)
+def test_pr_command_builds_a_config_in_a_dry_run(cmd):
+    overrides = cmd.expanded(SHELL_VARS)
+    if cmd.expect_error:
+        with pytest.raises(ValueError, match=cmd.expect_error):
+            dry(overrides, cmd.env)
+        return
+    cfg, notes = built(cmd)
+    stage = next(
+        int(o.rsplit("=", 1)[1])
+        for o in overrides
+        if o.startswith("actor_rollout_ref.actor.deepspeed.zero_stage=")
+    )
+    assert cfg.actor_rollout_ref.actor.deepspeed.zero_stage == stage
+    for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.critic.deepspeed_config):
+        assert ds.fp32_grad_accum is (cmd.env.get("VERL_DS_ZERO2_FP32_ACCUM_PATCH") == "1")
+        assert ds.step_each_micro is (cmd.env.get("VERL_DS_ZERO2_STEP_EACH_MICRO") == "1")
+        assert ds.param_offload is (cmd.env.get("VERL_ENABLE_PARAM_OFFLOAD") == "1")
+    assert any("Qwen/Qwen3-0.6B" in n and "(a real run fails here)" in n for n in notes)
+
+
+def test_pr_commands_set_the_keys_they_name():
+    cfg, _ = built(ZERO3)
+    arr = cfg.actor_rollout_ref
+    assert (arr.actor.deepspeed.offload, cfg.critic.deepspeed_config.offload) == ("cpu", "cpu")
+    assert (arr.actor.ppo_mini_batch_size, arr.actor.ppo_micro_batch_size_per_gpu) == (32, 2)
+    assert (cfg.critic.ppo_max_token_len_per_gpu, cfg.data.train_batch_size) == (2048, 64)
+    assert (arr.rollout.name, arr.rollout.gpu_memory_utilization, cfg.trainer.logger) == (
+        "vllm",
+        0.2,
+        ["console"],
+    )
+    assert cfg.data.train_files == "/nonexistent/train.parquet"
+    assert critic_enabled(cfg) and not ref_policy_used(cfg)
+    # 60 RL steps x 2 mini-batches (64 prompts / 32) x 1 epoch optimizer steps.
+    assert arr.actor.optim.total_training_steps == cfg.critic.optim.total_training_steps == 120
+
+
+def test_grpo_command_takes_plus_reward_kwargs_and_disables_the_critic():
+    grpo = next(c for c in PR_COMMANDS if c.name == "grpo_fix_60")
+    cfg, _ = built(grpo)
+    assert cfg.reward.reward_kwargs == {"method": "flexible", "format_score": 0.1, "score": 1.0}
+    assert not critic_enabled(cfg) and cfg.actor_rollout_ref.rollout.n == 4
+
+
+def test_bench_extras_ray_temp_dir_and_override_config_are_accepted():
+    bench = next(c for c in PR_COMMANDS if c.name == "bench_zero3_cpu_offload")
+    cfg, _ = built(bench)
+    assert cfg.ray_kwargs.ray_init == {"_temp_dir": "/tmp/repro-bench/ray"}
+    assert cfg.actor_rollout_ref.model.override_config == {"attn_implementation": "flash_attention_2"}
+    assert cfg.actor_rollout_ref.ref.deepspeed.offload == "cpu" and cfg.data.seed == 7777
+
+
+def test_default_config_is_valid():
+    cfg, notes = load([])
+    assert isinstance(cfg, RunConfig) and notes == []
+    assert cfg.actor_rollout_ref.actor.deepspeed.param_offload is False
+
+
+def test_group_aliases_select_the_deepspeed_workers():
+    # Both spellings compose (older_form_aliases covers deepspeed_actor / deepspeed_critic).
+    assert check_overrides(["actor@actor_rollout_ref.actor=deepspeed_actor", "critic=ds_critic"])[0] == [
+        "actor@actor_rollout_ref.actor=deepspeed_actor",
+        "critic=ds_critic",
+    ]
+    with pytest.raises(
+        ValueError, match=r"critic='dp_critic' is not an option.*\['ds_critic', 'deepspeed_critic'\]"
+    ):
+        load(["critic=dp_critic"])
+    with pytest.raises(ValueError, match="write actor@actor_rollout_ref.actor=ds_actor"):
+        load(["actor=ds_actor"])
+
+
+def test_unknown_key_lists_close_matches():
+    with pytest.raises(ValueError) as info:
+        load(["critic.deepspeed.zero_stage=3"])
+    assert "unknown config key 'critic.deepspeed.zero_stage'" in str(info.value)
+    assert "critic.deepspeed_config.zero_stage" in str(info.value)
+    with pytest.raises(ValueError, match="did you mean actor_rollout_ref.actor.ppo_mini_batch_size"):
+        load(["actor_rollout_ref.actor.ppo_mini_batch_sise=32"])
+    with pytest.raises(ValueError, match="no similar key"):
+        load(["zzzz=1"])
+
+
+def test_close_matches_finds_renamed_sections_and_same_leaf_names():
+    keys, _ = config_keys()
+    assert "actor_rollout_ref.actor.deepspeed.offload" in close_matches(
+        "actor_rollout_ref.actor.deepspeed_config.offload", keys
+    )
+    assert "trainer.total_training_steps" in close_matches("trainer.total_train_steps", keys)
+
+
+def test_open_dict_keys_work_with_and_without_plus():
+    lines, _ = check_overrides(
+        ["reward.reward_kwargs.score=2", "+ray_kwargs.ray_init.num_cpus=2", "+data.seed=3"]
+    )
+    assert lines == ["++reward.reward_kwargs.score=2", "++ray_kwargs.ray_init.num_cpus=2", "++data.seed=3"]
+    cfg, _ = load(lines)
+    assert (cfg.reward.reward_kwargs, cfg.ray_kwargs.ray_init, cfg.data.seed) == (
+        {"score": 2},
+        {"num_cpus": 2},
+        3,
+    )
+
+
+def test_hydra_own_keys_are_dropped_with_a_note():
+    lines, notes = check_overrides(["hydra.run.dir=/tmp/x", "trainer.seed=2"])
+    assert lines == ["trainer.seed=2"] and "hydra.run.dir: ignored" in notes[0]
+
+
+def test_deleting_keys_is_refused():
+    with pytest.raises(ValueError, match="deleting config keys is not supported"):
+        load(["~trainer.logger"])
+
+
+def test_no_effect_keys_warn_once_each():
+    _, notes = load(
+        [
+            "trainer.use_legacy_worker_impl=enable",
+            "reward.num_workers=4",
+            "actor_rollout_ref.rollout.mode=async",
+        ]
+    )
+    assert len(notes) == 3
+    assert sum("trainer.use_legacy_worker_impl" in n for n in notes) == 1
+    assert any("reward.num_workers=4 has no effect here" in n for n in notes)
+    # At their defaults they are silent (test_default_config_is_valid), and vLLM keys are meant for vLLM.
+    notes = validate_run_config(
+        run_config(
+            actor_rollout_ref__rollout__name="vllm",
+            trainer__dry_run=True,
+            actor_rollout_ref__rollout__max_num_seqs=8,
+        )
+    )
+    assert not any("max_num_seqs" in n for n in notes)
+
+
+def test_field_errors_name_the_full_key_of_each_deepspeed_section():
+    for path in (
+        "actor_rollout_ref.actor.deepspeed",
+        "critic.deepspeed_config",
+        "actor_rollout_ref.ref.deepspeed",
+    ):
+        with pytest.raises(
+            ValueError, match=rf"^{path}\.zero_stage=4 is not valid; choose one of \[1, 2, 3\]"
+        ):
+            load([f"{path}.zero_stage=4"])
+    with pytest.raises(ValueError, match=r"reward\.reward_kwargs\.method='loose' is not valid.*flexible"):
+        load(["+reward.reward_kwargs.method=loose"])
+
+
+def test_type_errors_and_unexpanded_shell_variables_name_the_key():
+    with pytest.raises(
+        ValueError, match="actor_rollout_ref.actor.ppo_mini_batch_size.*could not be converted"
+    ):
+        load(["actor_rollout_ref.actor.ppo_mini_batch_size=abc"])
+    with pytest.raises(ValueError, match=r"data\.train_files.*DATA_TRAIN.*shell variable"):
+        load(["data.train_files=${DATA_TRAIN}"])
+
+
+def run_config(**sections) -> RunConfig:
+    """A RunConfig built in code (no Hydra), for the cross-section rules of validate_run_config."""
+    cfg = RunConfig()
+    for dotted, value in sections.items():
+        *parents, leaf = dotted.split("__")
+        node = cfg
+        for name in parents:
+            node = getattr(node, name)
+        setattr(node, leaf, value)
+    return cfg
+
+
+def test_bad_batch_split_is_a_value_error_with_nearest_values():
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.actor\.ppo_mini_batch_size=33 .*dp=2.*32 or 64"
+    ):
+        load(["data.train_batch_size=64", "actor_rollout_ref.actor.ppo_mini_batch_size=33"])
+    # The critic has its own keys and is checked only when it is trained.
+    with pytest.raises(ValueError, match=r"critic\.ppo_mini_batch_size=33"):
+        validate_run_config(run_config(critic__ppo_mini_batch_size=33))
+    validate_run_config(
+        run_config(critic__ppo_mini_batch_size=33, critic__enable=False, algorithm__adv_estimator="grpo")
+    )
+
+
+def test_deprecated_global_micro_batch_replaces_the_per_gpu_default():
+    cfg, notes = load(
+        [
+            "data.train_batch_size=256",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=32",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+        ]
+    )
+    assert cfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu is None
+    assert any("ppo_micro_batch_size is deprecated" in n for n in notes)
+
+
+def test_sequence_parallel_is_accepted_with_one_size_per_process():
+    validate_run_config(run_config(critic__ulysses_sequence_parallel_size=2, critic__enable=True))
+    validate_run_config(run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, trainer__dry_run=True))
+    with pytest.raises(ValueError, match=r"ulysses_sequence_parallel_size=2 and critic\.ulysses_sequence_parallel_size=4"):
+        validate_run_config(run_config(actor_rollout_ref__actor__ulysses_sequence_parallel_size=2, critic__enable=True,
+                                       critic__ulysses_sequence_parallel_size=4, trainer__n_gpus_per_node=4))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
+def test_vllm_without_vllm_fails_a_real_run_and_warns_in_a_dry_run():
+    with pytest.raises(ValueError, match=r"rollout\.name=vllm needs the vllm package.*rollout\.name=hf"):
+        validate_run_config(run_config(actor_rollout_ref__rollout__name="vllm"))
+    notes = validate_run_config(run_config(actor_rollout_ref__rollout__name="vllm", trainer__dry_run=True))
+    assert any("rollout.name=hf (a real run fails here)" in n for n in notes)
+
+
+def test_missing_model_and_data_fail_a_real_run_naming_the_key(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.model\.path='Qwen/Qwen3-0\.6B' is not a local directory"
+    ):
+        validate_run_config(run_config(actor_rollout_ref__model__path="Qwen/Qwen3-0.6B"))
+    with pytest.raises(ValueError, match=r"data\.train_files: '.*missing\.parquet' does not exist"):
+        validate_run_config(run_config(data__train_files=f"{tmp_path}/missing.parquet"))
+    (tmp_path / "train.parquet").write_bytes(b"")
+    validate_run_config(
+        run_config(
+            data__train_files=[f"{tmp_path}/train.parquet"], actor_rollout_ref__model__path=str(tmp_path)
+        )
+    )
+
+
+def test_nvme_offload_needs_zero3_and_an_offload_dir():
+    cfg = run_config()
+    cfg.actor_rollout_ref.actor.deepspeed = DeepSpeedConfig(zero_stage=3, offload="nvme")
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref\.actor\.deepspeed\.offload=nvme needs .*offload_dir"
+    ):
+        validate_run_config(cfg)
+    cfg.actor_rollout_ref.actor.deepspeed.offload_dir = "/tmp"
+    validate_run_config(cfg)
+    cfg.critic.deepspeed_config = DeepSpeedConfig(zero_stage=2, offload="nvme", offload_dir="/tmp")
+    with pytest.raises(
+        ValueError,
+        match=r"critic\.deepspeed_config\.offload=nvme needs critic\.deepspeed_config\.zero_stage=3",
+    ):
+        validate_run_config(cfg)
+
+
+def test_critic_rules_follow_the_advantage_estimator():
+    with pytest.raises(ValueError, match="algorithm.adv_estimator=gae needs a critic.*critic.enable=True"):
+        validate_run_config(run_config(critic__enable=False))
+    cfg = run_config(algorithm__adv_estimator="grpo")
+    assert not critic_enabled(cfg) and any("advantage is its raw score" in n for n in validate_run_config(cfg))
+
+
+def test_skipping_empty_micro_batches_is_refused_in_data_parallel():
+    with pytest.raises(ValueError, match="skip_inactive_micro_batches=True with 2 data-parallel ranks"):
+        validate_run_config(run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True))
+    validate_run_config(
+        run_config(
+            actor_rollout_ref__actor__skip_inactive_micro_batches=True,
+            actor_rollout_ref__actor__unsafe_allow_skip_in_data_parallel=True,
+        )
+    )
+    validate_run_config(
+        run_config(actor_rollout_ref__actor__skip_inactive_micro_batches=True, trainer__n_gpus_per_node=1)
+    )
+
+
+def test_env_knobs_are_read_from_the_given_environment_once():
+    env = {
+        "VERL_ENABLE_PARAM_OFFLOAD": "1",
+        "VERL_DS_ZERO2_FP32_ACCUM_PATCH": "1",
+        "VERL_DS_ZERO2_STEP_EACH_MICRO": "1",
+    }
+    cfg, _ = load(["critic.deepspeed_config.param_offload=false"], env)
+    for ds in (cfg.actor_rollout_ref.actor.deepspeed, cfg.actor_rollout_ref.ref.deepspeed):
+        assert (ds.param_offload, ds.fp32_grad_accum, ds.step_each_micro) == (True, True, True)
+    assert cfg.critic.deepspeed_config.param_offload is False  # an explicit key beats the environment
+    os.environ["VERL_ENABLE_PARAM_OFFLOAD"] = "0"  # after building: the config keeps what it read
+    try:
+        assert cfg.actor_rollout_ref.actor.deepspeed.param_offload is True
+    finally:
+        del os.environ["VERL_ENABLE_PARAM_OFFLOAD"]
+    with pytest.raises(ValueError, match="VERL_DS_ZERO2_STEP_EACH_MICRO='yes' must be 0 or 1"):
+        resolve_env_knobs(DeepSpeedConfig(), {"VERL_DS_ZERO2_STEP_EACH_MICRO": "yes"})
+
+
+def test_loading_has_no_hydra_side_effects(tmp_path, monkeypatch):
+    from hydra import initialize
+    from hydra.core.global_hydra import GlobalHydra
+
+    monkeypatch.chdir(tmp_path)
+    load(["trainer.experiment_name=x"])
+    assert list(tmp_path.iterdir()) == [] and not GlobalHydra.instance().is_initialized()
+    with initialize(version_base="1.3", config_path=None):  # a caller's own Hydra survives a load
+        outer = GlobalHydra.instance().hydra
+        load(["trainer.experiment_name=y"])
+        assert GlobalHydra.instance().hydra is outer
+
+
+def test_sections_validate_themselves_when_built_in_code():
+    with pytest.raises(ValueError, match=r"DeepSpeedConfig\.offload='disk' is not valid"):
+        DeepSpeedConfig(offload="disk")
+
+
+def test_unknown_config_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"config name 'ppo_megatron_trainer' is not known.*ppo_trainer"):
+        load_config([], config_name="ppo_megatron_trainer")
+
+
+def test_loss_scale_factor_is_verls_key_on_the_actor_and_the_critic():
+    cfg, _ = load(["actor_rollout_ref.actor.loss_scale_factor=4096", "critic.loss_scale_factor=512"])
+    assert cfg.actor_rollout_ref.actor.loss_scale_factor == 4096 and cfg.critic.loss_scale_factor == 512
+    assert load([])[0].actor_rollout_ref.actor.loss_scale_factor is None  # verl's default: the padded width
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.loss_scale_factor=0(\.0)? must be a positive number"):
+        load(["actor_rollout_ref.actor.loss_scale_factor=0"])

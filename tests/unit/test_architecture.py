@@ -1,0 +1,132 @@
+"""The package's layers (written once, in ``repro/__init__.py``) hold for every import in it."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+import repro
+
+ROOT = pathlib.Path(repro.__file__).parent
+
+
+def layers() -> dict[str, int]:
+    """Top-level name -> layer, parsed from the table in the package docstring."""
+    table: dict[str, int] = {}
+    for line in (repro.__doc__ or "").splitlines():
+        m = re.match(r"^\s{4}(\d+)\s{2,}.+?\s{2,}([\w ]+)$", line)
+        if m:
+            for name in m.group(2).split():
+                table[name] = int(m.group(1))
+    return table
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: pathlib.Path, source: str | None = None) -> set[str]:
+    """Every repro module named by an import anywhere in the file (``from a import b`` gives a.b if it is one)."""
+    mod = module_name(path)
+    package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text() if source is None else source, str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "repro")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "repro":
+                continue
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+    return {m for m in found if m in MODULES and m != mod}
+
+
+def owner(mod: str) -> str | None:
+    """The layered name a module belongs to (``repro.rl.metrics`` -> ``rl``); None for the root."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+FILES = sorted(ROOT.rglob("*.py"))
+MODULES = {module_name(p) for p in FILES}
+
+
+def test_every_top_level_module_and_subpackage_has_a_layer() -> None:
+    table = layers()
+    names = {owner(m) for m in MODULES} - {None}
+    assert table, "no layer table found in repro/__init__.py's docstring"
+    assert names - set(table) == set(), "give these a layer in repro/__init__.py"
+    assert set(table) - names == set(), "the layer table names what does not exist"
+
+
+def test_at_most_ten_modules_directly_under_repro() -> None:
+    top = [p.name for p in ROOT.glob("*.py")]
+    assert len(top) <= 10, top
+
+
+def against_the_grain(mod: str, imported: set[str]) -> list[str]:
+    table = layers()
+    me = owner(mod)
+    found = []
+    for target in sorted(imported):
+        them = owner(target)
+        if me is None or them is None or them == me:
+            continue
+        if table[them] >= table[me]:
+            found.append(f"{mod} (layer {table[me]}) imports {target} (layer {table[them]})")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[str]:
+    found: list[str] = []
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                found.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for mod in sorted(graph):
+        if mod not in state:
+            visit(mod, [mod])
+    return found
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: module_name(p))
+def test_imports_point_down_the_layers(path: pathlib.Path) -> None:
+    problems = against_the_grain(module_name(path), imports_of(path))
+    assert not problems, "\n".join(problems)
+
+
+def test_no_import_cycle_inside_a_subpackage() -> None:
+    graph = {}
+    for p in FILES:
+        mod = module_name(p)
+        # A child importing its own package's __init__ re-exports, not a cycle through the body.
+        graph[mod] = {t for t in imports_of(p) if owner(t) == owner(mod) and t != mod.rpartition(".")[0]}
+    found = cycles(graph)
+    assert not found, "\n".join(found)
+
+
+def test_the_checks_catch_a_tie_against_the_grain_and_a_cycle() -> None:
+    """The contract can fail: a lazy import of the workers inside config, and a two-module circle."""
+    path = ROOT / "config" / "fields.py"
+    source = path.read_text() + "\n\ndef _late():\n    from repro.workers.engine import DeepSpeedEngine  # noqa\n"
+    assert against_the_grain("repro.config.fields", imports_of(path, source)) == [
+        "repro.config.fields (layer 2) imports repro.workers.engine (layer 6)"
+    ]
+    assert against_the_grain("repro.workers.engine", {"repro.config.fields"}) == []
+    assert cycles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == ["a.x -> a.y -> a.x"]
