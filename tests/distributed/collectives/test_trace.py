@@ -67,7 +67,7 @@ def _check_rank(rank: int, world_size: int, kind: str, out_dir: str, timeout_s: 
 
 
 def _site_line(marker: str) -> str:
-    """``test_collectives_trace.py:<line> _diverge`` for the line of ``_diverge`` tagged ``# site:<marker>``."""
+    """``test_trace.py:<line> _diverge`` for the line of ``_diverge`` tagged ``# site:<marker>``."""
     lines = pathlib.Path(__file__).read_text().splitlines()
     hits = [
         i + 1
@@ -75,7 +75,7 @@ def _site_line(marker: str) -> str:
         if line.split("# site:")[-1].split(" ")[0] == marker and "# site:" in line
     ]
     assert len(hits) == 1, (marker, hits)
-    return f"test_collectives_trace.py:{hits[0]} _diverge"
+    return f"test_trace.py:{hits[0]} _diverge"
 
 
 @pytest.mark.parametrize(
