@@ -87,3 +87,26 @@ _ONE, _NINE = 1, 9
 )
 def test_the_scan_finds_low_and_unreadable_counts(source, found):
     assert max_examples_below(source) == found
+
+
+def test_ci_profile_is_derandomized_and_every_nox_session_passes_it(monkeypatch):
+    """CI=1 selects the derandomized profile in every session that runs pytest, nox -s verl's included
+    (its own interpreter reads the same root conftest.py)."""
+    import importlib.util
+
+    from hypothesis import settings
+
+    ci = settings.get_profile("ci")
+    assert ci.derandomize and ci.database is None
+    spec = importlib.util.spec_from_file_location("noxfile_under_test", ROOT / "noxfile.py")
+    if importlib.util.find_spec("nox") is None:
+        pytest.skip("nox is not installed here")
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    monkeypatch.delenv("HYPOTHESIS_PROFILE", raising=False)
+    monkeypatch.setenv("CI", "1")
+    assert noxfile._profile() == {"HYPOTHESIS_PROFILE": "ci"}
+    source = (ROOT / "noxfile.py").read_text()
+    # every session that starts pytest hands it the profile
+    starts = source.count("*PYTEST,") + source.count('".venv-verl/bin/python", "-m", "pytest"')
+    assert starts >= 6 and source.count("**_profile()") >= starts

@@ -17,6 +17,7 @@ from repro.config import DeepSpeedConfig, OptimConfig
 from repro.config.ds_config import build_ds_config
 from repro.main_ppo import main, parse_argv
 from tests.pr_commands import all_pr_commands
+from tests.subprocess_env import pythonpath
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 COMMANDS = {c.name: c for c in all_pr_commands()}
@@ -181,7 +182,7 @@ def test_argv_accepts_both_config_name_spellings():
 
 def test_cli_subprocess_prints_json_as_the_last_line(tmp_path):
     cmd = COMMANDS["zero3_cpu_offload"]
-    env = {**os.environ, **cmd.env, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **cmd.env, "PYTHONPATH": pythonpath(ROOT)}
     proc = subprocess.run(
         [
             sys.executable,

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.subprocess_env import pythonpath
+
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"<!--\s*runnable\b(?P<attrs>[^>]*)-->\s*\n```(?:bash|sh)\n(?P<body>.*?)\n```", re.S)
 ATTR = re.compile(r'(\w+)="([^"]*)"')
@@ -66,7 +68,7 @@ def test_a_block_that_fails_is_caught(tmp_path):
 
 def _run(block: Block, home: Path) -> subprocess.CompletedProcess:
     bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu",
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": pythonpath(ROOT), "DS_ACCELERATOR": "cpu",
            "PATH": os.pathsep.join([str(home / "bin"), bindir, os.environ.get("PATH", "")])}
     (home / "bin").mkdir(parents=True, exist_ok=True)
     python = home / "bin" / "python"

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from repro.bench.summary import COMPARE_COLUMNS, OVERALL_COLUMNS, SUMMARY_COLUMNS, read_tsv
+from tests.subprocess_env import pythonpath
 
 FAST = ["-cn", "grpo_tiny", "trainer.test_freq=0", "trainer.val_before_train=False", "trainer.save_freq=0",
         "data.train_batch_size=16"]
@@ -24,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 def _bench(tmp_path: Path, args: list[str], ray_address: str,
            fail_first: str = "") -> tuple[subprocess.CompletedProcess, Path]:
     # Every case's job joins the worker's shared Ray head instead of starting a cluster of its own.
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=str(REPO),
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONPATH=pythonpath(REPO),
                REPRO_BENCH_FAIL_FIRST=fail_first, RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
     env.pop("VERL_DS_ZERO2_STEP_EACH_MICRO", None)
     cmd = [sys.executable, "-m", "repro.bench", *args, "--steps", "1", "--outputs-root", str(tmp_path),

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.distributed.collectives.test_trace import _REPO, _launch
+from tests.subprocess_env import pythonpath
 
 # Rank 0 waits in an all_reduce that rank 1 never joins; rank 1 waits in a recv that rank 0 never sends.
 _STUCK = """
@@ -37,7 +38,7 @@ def _args(script: pathlib.Path, out: pathlib.Path, *opts: str) -> list[str]:
 
 
 def _start(args: list[str], cwd: pathlib.Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(_REPO))
+    env = dict(os.environ, PYTHONPATH=pythonpath(_REPO))
     return subprocess.Popen(
         [sys.executable, "-m", "repro.collectives_trace", *args],
         cwd=cwd,

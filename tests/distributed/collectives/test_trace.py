@@ -14,6 +14,7 @@ import pytest
 
 from repro.collectives_trace import analyze
 from tests.multirank import RankFailure
+from tests.subprocess_env import pythonpath
 
 _REPO = pathlib.Path(__file__).resolve().parents[3]
 
@@ -203,7 +204,7 @@ def test_flight_recorder_dump_from_gloo_is_analyzed(multirank, tmp_path):
 
 
 def _launch(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(_REPO))
+    env = dict(os.environ, PYTHONPATH=pythonpath(_REPO))
     return subprocess.run(
         [sys.executable, "-m", "repro.collectives_trace", *args],
         cwd=cwd,

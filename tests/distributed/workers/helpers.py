@@ -242,3 +242,59 @@ class Reference:
 def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys(), (sorted(a.keys() ^ b.keys()))
     return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+# ---- Tolerances: an error model, not a number found by trial on one machine ----------------
+# Two fp32 evaluations of the same math that differ only in summation order (matmul blocking,
+# thread count, CPU kernels, packed against padded rows, bucketed all-reduce) are each within
+# n * u * M of the exact value (first-order Higham bound: n terms summed, u = eps / 2, M bounding
+# the summands), so they differ by at most n * eps * M. n is the longest chain of accumulations
+# from the inputs to the compared value; M its magnitude. A worst-case (linear in n) bound: the
+# typical error grows like sqrt(n), so this leaves margin on any CPU without hiding O(1e-3) bugs.
+FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7
+
+# Parity tests run AdamW with eps = lr. Adam's first step is lr * g / (|g| + eps): with the default
+# eps (1e-8) a gradient of +-1e-12 (a pad position, a head bias: zero but for summation order)
+# becomes a step of up to lr on one path and none on the other, so parameters after a step
+# compare the CPU's summation order. With eps = lr the step's derivative in g is at most
+# lr / eps = 1 (2 for later steps, whose m / sqrt(v) mixes past gradients): a gradient difference
+# dg moves the parameters by at most 2 * dg per step. Gradients above eps are still normalised.
+PARITY_ADAM_EPS_PER_LR = 1.0
+ADAM_GAIN = 2.0  # max |d(update)/d(gradient)| per step with eps = lr
+
+
+def toy_chain(seq_len: int) -> int:
+    """Accumulations along the longest path from the toy model's input to a log-prob or value
+    (the backward pass walks the same reductions, transposed)."""
+    c = toy_qwen3_config()
+    per_layer = (
+        2 * c.hidden_size  # the two RMSNorms
+        + c.hidden_size  # q, k, v projections
+        + c.head_dim + seq_len  # attention scores, then the weighted sum of values
+        + c.num_attention_heads * c.head_dim  # o_proj
+        + c.hidden_size + c.intermediate_size  # gate/up, then down
+    )
+    return c.num_hidden_layers * per_layer + 2 * c.hidden_size + c.vocab_size  # final norm, head, log-softmax
+
+
+def fp32_tol(terms: int, magnitude: float) -> float:
+    """Largest difference of two fp32 evaluations of the same math in different summation orders."""
+    return FP32_EPS * terms * max(float(magnitude), 1e-30)
+
+
+def forward_tol(seq_len: int, values: torch.Tensor) -> float:
+    """Per-token log-probs, entropies or values of the toy model, ``values`` the reference's."""
+    return fp32_tol(toy_chain(seq_len), values.abs().max())
+
+
+def grad_tol(seq_len: int, tokens: int, grads: dict[str, torch.Tensor]) -> float:
+    """Gradients of a loss over ``tokens`` tokens (each weight's gradient also sums over them)."""
+    return fp32_tol(toy_chain(seq_len) + tokens, max(float(g.abs().max()) for g in grads.values()))
+
+
+def full_grads(engine) -> dict[str, torch.Tensor]:
+    """Every parameter's full gradient before the optimizer step (collective at ZeRO-3)."""
+    from deepspeed.utils import safe_get_full_grad
+
+    return {name: safe_get_full_grad(p).detach().float().cpu().clone()
+            for name, p in engine.module.named_parameters() if p.requires_grad}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from repro.run.lock import LOCK_FILE, RunLocked, acquire, read_holder
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -28,7 +30,7 @@ def _holder_process(run_dir: Path) -> subprocess.Popen:
             sys.stdin.read()
     """)
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True, env={"PYTHONPATH": str(ROOT)})
+                            text=True, env={**os.environ, "PYTHONPATH": pythonpath(ROOT)})
     assert proc.stdout.readline().strip() == "held"
     return proc
 

@@ -22,6 +22,7 @@ from repro.config import RunConfig
 from repro.data.parquet_io import write_rows
 from repro.main_ppo import main
 from repro.run.preflight import InputError, check_data_files, check_device, check_nodes, preflight
+from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parents[3]
 BASE = ["-cn", "grpo_tiny", "trainer.device=cpu"]
@@ -116,7 +117,7 @@ def _case(tmp_path: Path, name: str) -> Case:
 
 def run_subprocess(case: Case, cwd: Path) -> tuple[int, float, float, str]:
     """(exit status, wall seconds, CPU seconds, stderr) of ``python -m repro.main_ppo`` with ``case``'s mistake."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu", **case.env}
+    env = {**os.environ, "PYTHONPATH": pythonpath(ROOT), "DS_ACCELERATOR": "cpu", **case.env}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "repro.main_ppo", *BASE, *case.overrides], cwd=cwd, env=env,

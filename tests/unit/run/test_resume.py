@@ -15,6 +15,7 @@ from repro.run.checkpoints import CheckpointStore
 from repro.run.paths import RUN_STATE, RunPaths, choose_run_paths, write_run_state
 from repro.run.preflight import InputError
 from repro.run.resume import IGNORED, check_resume, diff, is_ignored, record_config, result_config
+from tests.subprocess_env import pythonpath
 
 
 def _load(overrides=(), name="grpo_tiny"):
@@ -155,7 +156,7 @@ def test_main_ppo_refuses_a_changed_resume_before_importing_the_trainer(tmp_path
             "try:\n    runpy.run_module('repro.main_ppo', run_name='__main__')\n"
             "finally:\n    print('heavy imports:', [m for m in ('torch', 'ray', 'deepspeed') if m in sys.modules], "
             "file=sys.stderr)\n")
-    env = {**os.environ, "PYTHONPATH": str(root), "REPRO_OUTPUTS_DIR": str(tmp_path / "outputs")}
+    env = {**os.environ, "PYTHONPATH": pythonpath(root), "REPRO_OUTPUTS_DIR": str(tmp_path / "outputs")}
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", code, "-cn", "grpo_tiny", "trainer.device=cpu", "data.seed=3"],
