@@ -4,6 +4,7 @@
 # wheels, e.g. /tmp/site) through PYTHONPATH. Nothing is installed; the project is not pip-installed.
 #
 #   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site OUT=$OUT scripts/cpu_suite_elsewhere.sh [SUITE ...] [-- PYTEST_ARGS]
+# REPRO_COMMIT names the commit in the record where the copy has no (or a stale) .git.
 #
 # SUITE: unit (fast unit tests), distributed (tests/distributed, all of it), slow (slow-marked unit
 # tests), verl (tests/verl_parity, only when `import verl` works in $PYTHON). Default: all four.
@@ -70,7 +71,7 @@ record="$OUT_DIR/cpu_suite_record.md"
     echo
     echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "- CPU: $cpu, $(getconf _NPROCESSORS_ONLN) cores online"
-    echo "- commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "- commit: ${REPRO_COMMIT:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     echo "- $versions"
     echo "- DS_ACCELERATOR=cpu (gloo), OMP_NUM_THREADS=1, HYPOTHESIS_PROFILE=ci, xdist: ${xdist[*]:-none}, extra args: ${extra[*]:-none}"
     echo

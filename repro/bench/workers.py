@@ -184,6 +184,7 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
 
 def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     import torch
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from repro.devices import default_device
@@ -195,11 +196,13 @@ def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
     model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_cuda else torch.float32, reduce_dtype=torch.float32)
+    # fully_shard's default mesh is CUDA whenever a GPU is visible, DS_ACCELERATOR=cpu or not.
+    mesh = init_device_mesh(dev.type, (torch.distributed.get_world_size(),))
     layers = tuple(decoder_layer_classes(model))
     for module in model.modules():
         if isinstance(module, layers):
-            fully_shard(module, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+            fully_shard(module, mp_policy=mp, mesh=mesh)
+    fully_shard(model, mp_policy=mp, mesh=mesh)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.actor_rollout_ref.actor.optim.lr, fused=on_cuda)
     ids = ids.to(dev)

@@ -68,9 +68,17 @@ def _classify(filename: str) -> int:
 
 
 def _short_path(filename: str) -> str:
-    marker = os.sep + "site-packages" + os.sep
-    if marker in filename:
-        return filename.split(marker, 1)[1]
+    for marker in (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    # A package installed elsewhere (a --target dir on PYTHONPATH, a checkout): the path from the
+    # folder above its top package, so a site reads the same on every machine.
+    folder, parts = os.path.dirname(filename), [os.path.basename(filename)]
+    while folder and os.path.isfile(os.path.join(folder, "__init__.py")):
+        folder, name = os.path.split(folder)
+        parts.append(name)
+    if len(parts) > 1:
+        return "/".join(reversed(parts))
     try:
         rel = os.path.relpath(filename)
     except ValueError:

@@ -57,5 +57,9 @@ def test_every_spec_names_real_parameters_of_the_torch_function():
         if op in missing:
             continue
         actual = list(inspect.signature(getattr(c10d, op)).parameters)
-        assert actual[: len(params)] == list(params), (op, actual)
+        # The specs follow the newest torch; an older one may lack trailing parameters (torch 2.11's
+        # barrier has no timeout), never have others in their place.
+        shared = min(len(actual), len(params))
+        assert actual[:shared] == list(params[:shared]), (op, actual)
+        assert tensor_param is None or tensor_param in actual, (op, actual)
         assert tensor_param is None or tensor_param in params
