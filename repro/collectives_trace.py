@@ -143,7 +143,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, launch, log_tail
+    from repro.collectives.launch import Target, launch, log_tail, own_exception
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -154,6 +154,16 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     result = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s, args.stall_s)
     codes = result.codes
     traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
+    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    own = [r for r in failed if r not in result.killed]
+    # A rank's own exception leads: what the trace then says of its peers is a consequence.
+    # (also a rank the launcher killed while it was still tearing down after raising)
+    raised = {r: tb for r in failed if (tb := own_exception(out, r)) is not None}
+    for r, tb in sorted(raised.items()):
+        last = next((line for line in reversed(tb.splitlines()) if not line.startswith(" ")), "")
+        print(f"rank {r} raised {last}\n{tb}\n")
+    if raised and div is not None:
+        print("What the collective trace saw (the peers of a rank that raised wait for it):")
     if result.interrupted is not None:
         import signal
 
@@ -170,11 +180,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for rank, stack in sorted(result.stacks.items()):
         if stack.strip():
             print(f"\nPython stacks of rank {rank} when it was stopped:\n{stack.rstrip()}")
-    failed = {r: c for r, c in enumerate(codes) if c != 0}
-    own = [r for r in failed if r not in result.killed]
     for r in own:
-        # A rank that failed on its own before recording anything: its traceback is the story.
-        if div is None or r not in traces or not traces[r].calls:
+        # A rank that failed on its own before recording anything, without a Python traceback
+        # (a signal, os._exit): the end of its log is the story.
+        if r not in raised and (div is None or r not in traces or not traces[r].calls):
             print(
                 f"\nrank {r} failed ({_exit(codes[r])}); end of {out / f'rank{r}.log'}:\n{log_tail(out, r)}"
             )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -233,3 +234,31 @@ def log_tail(out_dir: pathlib.Path, rank: int, lines: int = 25) -> str:
         return ""
     text = path.read_text(errors="replace").splitlines()
     return "\n".join(text[-lines:])
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)  # torch's per-rank prefix on stderr lines
+_NOT_TRACEBACK = ("Current thread 0x", "Thread 0x", "Fatal Python error")
+
+
+def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | None:
+    """The last Python traceback in a rank's log, unless it is the trace's own mismatch report.
+
+    A rank that raised by itself (a bad batch, a typo) is the story of the job: its peers then
+    wait for it in a collective, and what the trace says about them is a consequence.
+    """
+    path = out_dir / f"rank{rank}.log"
+    if not path.exists():
+        return None
+    text = path.read_text(errors="replace")
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    block: list[str] = []
+    for line in _PREFIX.sub("", text[at:]).splitlines():
+        if block and (not line.strip() or line.startswith(_NOT_TRACEBACK)):
+            break  # the exception's message ended; what follows (faulthandler's dump) is not it
+        block.append(line)
+    if any("CollectiveMismatchError" in line for line in block):
+        return None
+    return "\n".join(block[-lines:])
