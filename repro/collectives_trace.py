@@ -31,7 +31,7 @@ import sys
 import time
 
 from repro.collectives import record
-from repro.collectives.align import Divergence, first_divergence
+from repro.collectives.align import Divergence, first_divergence, parted
 from repro.collectives.check import CHECK_CHOICES, CheckMode, CollectiveMismatchError
 from repro.collectives.events import RankTrace, read_trace_dir
 from repro.collectives.flight_recorder import read_dump_dir
@@ -82,7 +82,9 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
             return traces, divergence_from_json(t.check_failures[0]["report"])
     found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
     if found:
-        return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        div = min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        div.parted = div.parted or parted(traces, div)
+        return traces, div
     below = _below_python(pathlib.Path(directory), traces)
     return traces, below or incomplete(traces)
 
@@ -238,16 +240,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     live_fr.start(os.environ[ENV_DIR])
     install_from_env()
     sys.argv = [target.name, *target.args]
-    if target.module:
-        # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
-        runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-    else:
-        # As plain python does: the script's folder first on sys.path, so modules beside it import.
-        sys.path[0] = os.path.dirname(os.path.abspath(target.name))
-        runpy.run_path(target.name, run_name="__main__")
-    tracer = record.active()
-    if tracer is not None:
-        tracer.write_event({"ev": "end", "t": time.time()})  # the hang watch: this rank waits for no one
+    try:
+        if target.module:
+            # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+        else:
+            # As plain python does: the script's folder first on sys.path, so modules beside it import.
+            sys.path[0] = os.path.dirname(os.path.abspath(target.name))
+            runpy.run_path(target.name, run_name="__main__")
+    finally:
+        # The hang watch: this rank waits for no one now, however long its teardown takes
+        # (after an exception too: the rank is on its way out).
+        tracer = record.active()
+        if tracer is not None:
+            tracer.write_event({"ev": "end", "t": time.time()})
     return 0
 
 

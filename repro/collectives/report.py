@@ -188,9 +188,18 @@ def format_divergence(d: Divergence) -> str:
         lines.append("")
         lines.append(f"  all extra calls on rank {d.rank_a}:")
         lines.extend(f"    #{c.group_seq} {_where(c)}" for c in d.extra_calls)
+    if d.parted:
+        p = d.parted
+        lines.append("")
+        lines.append(
+            f"  the ranks' paths first parted at call #{p['seq']} on group {d.group} ({p['call']} on each, "
+            "issued from different lines):"
+        )
+        for rank, stack in sorted(p["stacks"].items(), key=lambda x: int(x[0])):
+            lines.append(f"    rank {rank}: " + " > ".join(reversed(stack)))
     if d.before:
         lines.append("")
-        lines.append("  calls before it (equal on the ranks):")
+        lines.append(f"  calls before it on rank {d.rank_a} (equal in op and size on the ranks):")
         for ca, _ in d.before:
             lines.append(f"    #{ca.group_seq} {_where(ca)}")
     return "\n".join(lines)
@@ -217,6 +226,7 @@ def divergence_to_json(d: Divergence) -> dict[str, Any]:
         "missing_ranks": d.missing_ranks,
         "before": [[ca.to_json(), _call_json(cb)] for ca, cb in d.before],
         "source": d.source,
+        "parted": d.parted,
     }
 
 
@@ -240,4 +250,5 @@ def divergence_from_json(d: dict[str, Any]) -> Divergence:
         missing_ranks=list(d["missing_ranks"]),
         before=[(call(a), call(b)) for a, b in d["before"]],
         source=d["source"],
+        parted=d.get("parted"),
     )
