@@ -172,6 +172,10 @@ class TraceFileWriter:
         # os.write on an O_APPEND fd goes straight to the kernel: nothing buffered in-process.
         os.write(self._fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
 
+    def write_line(self, line: str) -> None:
+        """One event already formatted as a JSON object."""
+        os.write(self._fd, (line + "\n").encode())
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
