@@ -13,7 +13,23 @@ import statistics
 import time
 from typing import Any
 
-from repro.bench.collectives import _sync, _traced
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _traced(mode: str, out_dir: str, timeout_s: float = 60.0) -> Any:
+    import contextlib
+
+    from repro.collectives_trace import trace_collectives
+
+    if mode == "off":
+        return contextlib.nullcontext()
+    return trace_collectives(out_dir, check="off" if mode == "record" else mode, timeout_s=timeout_s)
+
 
 STEP_MODES = ("off", "record", "every")
 

@@ -28,24 +28,9 @@ import tempfile
 import time
 from typing import Any
 
+from repro.bench.collective_steps import _sync, _traced
+
 MODES = ("off", "record", "every", "sample:10")
-
-
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _traced(mode: str, out_dir: str, timeout_s: float = 60.0) -> Any:
-    import contextlib
-
-    from repro.collectives_trace import trace_collectives
-
-    if mode == "off":
-        return contextlib.nullcontext()
-    return trace_collectives(out_dir, check="off" if mode == "record" else mode, timeout_s=timeout_s)
 
 
 def _per_call(
