@@ -256,9 +256,26 @@ def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | No
         return None
     block: list[str] = []
     for line in _PREFIX.sub("", text[at:]).splitlines():
-        if block and (not line.strip() or line.startswith(_NOT_TRACEBACK)):
-            break  # the exception's message ended; what follows (faulthandler's dump) is not it
+        if line.startswith(_NOT_TRACEBACK):
+            break  # what follows (faulthandler's dump of the stacks) is not the exception
         block.append(line)
     if any("CollectiveMismatchError" in line for line in block):
         return None
-    return "\n".join(block[-lines:])
+    # The launcher's own frames (runpy, the trace tool's ``run``) say nothing about the job.
+    kept: list[str] = []
+    skipping = False
+    for line in block:
+        if line.startswith("  File "):
+            skipping = "<frozen runpy>" in line or "collectives_trace.py" in line
+        elif not line.startswith(" "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept[-lines:])
+
+
+def exception_line(traceback: str) -> str:
+    """``ValueError: ...``: the first unindented line after a traceback's last frame."""
+    lines = traceback.splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
+    return next((line for line in lines[last_frame + 1 :] if line and not line.startswith(" ")), "")
