@@ -31,7 +31,7 @@ import sys
 import time
 
 from repro.collectives import record
-from repro.collectives.align import Divergence, first_divergence
+from repro.collectives.align import Divergence, first_divergence, parted
 from repro.collectives.check import CHECK_CHOICES, CheckMode, CollectiveMismatchError
 from repro.collectives.events import RankTrace, read_trace_dir
 from repro.collectives.flight_recorder import read_dump_dir
@@ -82,7 +82,9 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
             return traces, divergence_from_json(t.check_failures[0]["report"])
     found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
     if found:
-        return traces, min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        div = min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        div.parted = div.parted or parted(traces, div)
+        return traces, div
     below = _below_python(pathlib.Path(directory), traces)
     return traces, below or incomplete(traces)
 
@@ -143,7 +145,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, launch, log_tail
+    from repro.collectives.launch import Target, exception_line, launch, log_tail, own_exception
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -154,6 +156,15 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     result = launch(target, args.nproc_per_node, out, args.check, args.timeout_s, args.grace_s, args.stall_s)
     codes = result.codes
     traces, div = analyze(out) if any(out.glob("rank*.jsonl")) else ({}, None)
+    failed = {r: c for r, c in enumerate(codes) if c != 0}
+    own = [r for r in failed if r not in result.killed]
+    # A rank's own exception leads: what the trace then says of its peers is a consequence.
+    # (also a rank the launcher killed while it was still tearing down after raising)
+    raised = {r: tb for r in failed if (tb := own_exception(out, r)) is not None}
+    for r, tb in sorted(raised.items()):
+        print(f"rank {r} raised {exception_line(tb)}\n{tb}\n")
+    if raised and div is not None:
+        print("What the collective trace saw (the peers of a rank that raised wait for it):")
     if result.interrupted is not None:
         import signal
 
@@ -170,11 +181,10 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     for rank, stack in sorted(result.stacks.items()):
         if stack.strip():
             print(f"\nPython stacks of rank {rank} when it was stopped:\n{stack.rstrip()}")
-    failed = {r: c for r, c in enumerate(codes) if c != 0}
-    own = [r for r in failed if r not in result.killed]
     for r in own:
-        # A rank that failed on its own before recording anything: its traceback is the story.
-        if div is None or r not in traces or not traces[r].calls:
+        # A rank that failed on its own before recording anything, without a Python traceback
+        # (a signal, os._exit): the end of its log is the story.
+        if r not in raised and (div is None or r not in traces or not traces[r].calls):
             print(
                 f"\nrank {r} failed ({_exit(codes[r])}); end of {out / f'rank{r}.log'}:\n{log_tail(out, r)}"
             )
@@ -229,16 +239,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     live_fr.start(os.environ[ENV_DIR])
     install_from_env()
     sys.argv = [target.name, *target.args]
-    if target.module:
-        # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
-        runpy.run_module(target.name, run_name="__main__", alter_sys=True)
-    else:
-        # As plain python does: the script's folder first on sys.path, so modules beside it import.
-        sys.path[0] = os.path.dirname(os.path.abspath(target.name))
-        runpy.run_path(target.name, run_name="__main__")
-    tracer = record.active()
-    if tracer is not None:
-        tracer.write_event({"ev": "end", "t": time.time()})  # the hang watch: this rank waits for no one
+    try:
+        if target.module:
+            # run_module(alter_sys=True) replaces argv[0] with the module's file, as python -m does.
+            runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+        else:
+            # As plain python does: the script's folder first on sys.path, so modules beside it import.
+            sys.path[0] = os.path.dirname(os.path.abspath(target.name))
+            runpy.run_path(target.name, run_name="__main__")
+    finally:
+        # The hang watch: this rank waits for no one now, however long its teardown takes
+        # (after an exception too: the rank is on its way out).
+        tracer = record.active()
+        if tracer is not None:
+            tracer.write_event({"ev": "end", "t": time.time()})
     return 0
 
 

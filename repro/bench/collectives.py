@@ -10,7 +10,11 @@ Parts (each on ``--nproc`` spawned ranks):
 2. time from the divergent call to the raised report: a size mismatch in one group, and crossed
    calls on two groups (the ZeRO-2 hang's shape), in check mode ``every``;
 3. with ``--zero2``: DeepSpeed ZeRO-2 training step time of a Qwen3-shaped model (shape flags),
-   modes alternated step by step, medians over ``--steps`` steps per mode.
+   modes alternated step by step, medians over ``--steps`` steps per mode;
+4. with ``--small-steps``: what a user pays per training step, a DDP step and a ZeRO-2 step of a
+   small MLP (``--mlp-layers`` x ``--mlp-width``, small buckets so a step issues several bucket
+   collectives), modes off / record / check=every alternated step by step; with ``--detail`` the
+   same untraced steps under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on a second set of ranks.
 """
 
 from __future__ import annotations
@@ -24,24 +28,9 @@ import tempfile
 import time
 from typing import Any
 
+from repro.bench.collective_steps import _sync, _traced
+
 MODES = ("off", "record", "every", "sample:10")
-
-
-def _sync(device: Any) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def _traced(mode: str, out_dir: str, timeout_s: float = 60.0) -> Any:
-    import contextlib
-
-    from repro.collectives_trace import trace_collectives
-
-    if mode == "off":
-        return contextlib.nullcontext()
-    return trace_collectives(out_dir, check="off" if mode == "record" else mode, timeout_s=timeout_s)
 
 
 def _per_call(
@@ -194,11 +183,14 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
     }
     with tempfile.TemporaryDirectory(prefix="ct_bench_") as tmp:
         if args.detail_pass:
+            detail: dict[str, Any] = {"detail_us": _per_call(args, device, tmp, ("off",))["off"]}
+            if args.small_steps:
+                from repro.bench.collective_steps import small_steps
+
+                detail["detail_steps"] = small_steps(args, device, tmp, ("off",))
             if rank == 0:
                 with open(result_path, "w") as f:
-                    json.dump({"detail_us": _per_call(args, device, tmp, ("off",))["off"]}, f)
-            else:
-                _per_call(args, device, tmp, ("off",))
+                    json.dump(detail, f)
             dist.destroy_process_group()
             return
         results["per_call_us"] = _per_call(args, device, tmp)
@@ -209,6 +201,10 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
         }
         if args.zero2:
             results["zero2"] = _zero2_steps(args, device, tmp)
+        if args.small_steps:
+            from repro.bench.collective_steps import STEP_MODES, small_steps
+
+            results["small_steps"] = small_steps(args, device, tmp, STEP_MODES)
     gathered: list[Any] = [None] * args.nproc
     dist.all_gather_object(gathered, results["report_s"])
     results["report_s_by_rank"] = gathered
@@ -248,6 +244,10 @@ def _table(r: dict[str, Any]) -> str:
             "| --- | --- | --- |",
         ]
         lines += [f"| {m} | {z['step_s'][m]:.4f} | {z['step_s'][m] / off:.3f}x |" for m in MODES]
+    if "small_steps" in r:
+        from repro.bench.collective_steps import steps_table
+
+        lines += steps_table(r)
     return "\n".join(lines)
 
 
@@ -288,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     z.add_argument(
         "--fused-adam", action="store_true", help="DeepSpeed FusedAdam (JIT build) instead of torch AdamW"
     )
+    s = p.add_argument_group("per training step of a small model (--small-steps)")
+    s.add_argument("--small-steps", action="store_true")
+    s.add_argument("--mlp-layers", type=int, default=8)
+    s.add_argument("--mlp-width", type=int, default=512)
+    s.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket cap and ZeRO-2 bucket size (MB)")
+    s.add_argument("--steps-per-round", type=int, default=3)
     args = p.parse_args(argv)
     args.detail_pass = False
     if args.nproc < 2:

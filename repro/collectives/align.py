@@ -41,6 +41,11 @@ class Divergence:
     missing_ranks: list[int] = field(default_factory=list)
     before: list[tuple[CallRecord, CallRecord | None]] = field(default_factory=list)
     source: str = "trace"
+    parted: dict | None = None
+    """Where the ranks' paths first parted before the divergence: the first call of the group
+    that both issued alike but from different user stacks (``seq``, ``call``: its short text,
+    ``stacks``: rank -> stack, innermost first). An extra forward through a helper issues the
+    same collectives as the next step's forward; only the stacks tell where it came from."""
 
 
 def _pair_cost(x: CallRecord, y: CallRecord) -> float:
@@ -201,4 +206,17 @@ def first_site_difference(traces: dict[int, RankTrace]) -> str | None:
                         f"Note: call #{x.group_seq} on group {group} ({x.short()}) came from {x.site} on rank "
                         f"{ranks[0]} but from {y.site} on rank {other}"
                     )
+    return None
+
+
+def parted(traces: dict[int, RankTrace], div: Divergence) -> dict | None:
+    """The first call before ``div`` on its group that ``rank_a`` and ``rank_b`` issued alike from different stacks."""
+    a, b = traces.get(div.rank_a), traces.get(div.rank_b)
+    if a is None or b is None or div.call_a is None or div.call_a.group_seq is None:
+        return None
+    for x, y in zip(a.collectives(div.group), b.collectives(div.group), strict=False):
+        if x.group_seq >= div.call_a.group_seq:
+            break
+        if x.fingerprint() == y.fingerprint() and x.stack != y.stack:
+            return {"seq": x.group_seq, "call": x.short(), "stacks": {div.rank_a: x.stack, div.rank_b: y.stack}}
     return None

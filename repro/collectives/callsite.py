@@ -111,15 +111,29 @@ def sites_from_frame(frame: FrameType | None) -> tuple[str, str | None]:
     return "<no user frame>", lib
 
 
-STACK_LIMIT = 12
+STACK_LIMIT = 64
 
 
 def sites_and_stack(frame: FrameType | None) -> tuple[str, str | None, list[str]]:
-    """(user site, innermost library site, the user's frames outward from the site down to the loop).
+    """(user site, innermost library site, every user frame outward from the site to the outermost).
 
-    The stack keeps up to :data:`STACK_LIMIT` user frames, innermost first, the site included: a
-    call inside a model's ``forward`` then still shows the training step and loop that ran it.
+    The stack keeps the user's frames (up to :data:`STACK_LIMIT`), innermost first, the site
+    included: a call inside a helper or a model's ``forward`` still shows the training step and
+    the loop line that ran it (reports print it outermost first). A collective issued on a
+    thread with no user frame (an autograd device thread running DDP's or FSDP's hooks) takes
+    the main thread's user frames: that is where ``backward()`` was called.
     """
+    lib, stack = _walk(frame)
+    if not stack:
+        import threading
+
+        main = sys._current_frames().get(threading.main_thread().ident)
+        if main is not None and main is not frame:
+            _, stack = _walk(main)
+    return (stack[0] if stack else "<no user frame>"), lib, stack
+
+
+def _walk(frame: FrameType | None) -> tuple[str | None, list[str]]:
     lib: str | None = None
     stack: list[str] = []
     f = frame
@@ -131,7 +145,7 @@ def sites_and_stack(frame: FrameType | None) -> tuple[str, str | None, list[str]
         elif kind == _LIBRARY and lib is None and not stack:
             lib = format_frame(code.co_filename, f.f_lineno, code.co_name)
         f = f.f_back
-    return (stack[0] if stack else "<no user frame>"), lib, stack
+    return lib, stack
 
 
 def current_sites(skip: int = 1) -> tuple[str, str | None]:

@@ -92,6 +92,7 @@ class Checker:
         self.prefix = f"repro_ct/{session}"
         self._store: Any = None
         self._previous_key: dict[str, str] = {}
+        self._parted: dict[str, dict] = {}  # group -> where the ranks' stacks first differed
         from repro.collectives.p2p import PairChecker
 
         self.pairs = PairChecker(self)
@@ -167,6 +168,12 @@ class Checker:
                     source=f"check ({self.mode.text}) on rank {rec.rank}",
                 )
                 self.fail(div, tracer)
+            if other.stack != ref.stack and rec.group not in self._parted:
+                self._parted[rec.group] = {
+                    "seq": rec.group_seq,
+                    "call": ref.short(),
+                    "stacks": {ref.rank: ref.stack, other.rank: other.stack},
+                }
         from repro.collectives.splits import split_mismatch
 
         div = split_mismatch(calls, f"check ({self.mode.text}) on rank {rec.rank}")
@@ -261,5 +268,7 @@ class Checker:
     def fail(self, div: Divergence, tracer: Any) -> None:
         from repro.collectives.report import divergence_to_json
 
+        if div.parted is None:
+            div.parted = self._parted.get(div.group)
         tracer.write_event({"ev": "check_fail", "report": divergence_to_json(div)})
         raise CollectiveMismatchError(div)

@@ -3,7 +3,8 @@
 A trace directory holds one append-only JSON-lines file per rank, ``rank{R}.jsonl``. Lines are
 events: ``meta`` (once, first), ``group`` (a process group the first time it is used: key and
 global ranks), ``call`` (written and flushed *before* the real call, so a rank that then aborts,
-is killed or hangs still leaves it behind), ``ret`` (the call returned), ``err`` (it raised:
+is killed or hangs still leaves it behind), ``ret`` (the call returned; for an async call a
+library issued from C++, when its work completed), ``err`` (it raised:
 not returned) and ``check_fail`` (the live check raised; carries the report as JSON). The wait
 of an async op is a ``call`` of op ``wait`` (``of``: the index of the op it waits for).
 """
@@ -71,6 +72,9 @@ class CallRecord:
     """The user's frames outward from ``site`` (callers, down to the loop), innermost first."""
     of: int | None = None
     """For a ``wait``: the index of the async call it waits for."""
+    issuer: str | None = None
+    """For a call a library issued from C++ (no Python collective function ran): which mechanism
+    and the settings that shape it, e.g. DDP's unused-parameter bitmap (see :mod:`repro.collectives.native`)."""
 
     @property
     def is_p2p(self) -> bool:
@@ -126,6 +130,7 @@ class CallRecord:
             "pairs": list(self.pairs),
             "stack": list(self.stack),
             "of": self.of,
+            "issuer": self.issuer,
         }
 
     @classmethod
@@ -166,6 +171,10 @@ class TraceFileWriter:
     def write(self, event: dict[str, Any]) -> None:
         # os.write on an O_APPEND fd goes straight to the kernel: nothing buffered in-process.
         os.write(self._fd, (json.dumps(event, separators=(",", ":")) + "\n").encode())
+
+    def write_line(self, line: str) -> None:
+        """One event already formatted as a JSON object."""
+        os.write(self._fd, (line + "\n").encode())
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives.active import active
+from repro.collectives.active import active, inside
 from repro.collectives.events import CallRecord
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
@@ -100,7 +100,11 @@ class _Traced:
             return traced_wait(entry[0], tracer, packet, args, {})
         call = _as_c10d(op, args)
         rec = tracer.before(call[0], call[1], {**call[2], "async_op": True}) if call else None
-        result = packet(*args)
+        inside.depth = 1  # its ProcessGroup op below is this call, not another
+        try:
+            result = packet(*args)
+        finally:
+            inside.depth = 0
         if rec is not None:
             tracer.after(rec)
             for t in result if isinstance(result, (list, tuple)) else (result,):

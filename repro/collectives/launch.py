@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -233,3 +234,48 @@ def log_tail(out_dir: pathlib.Path, rank: int, lines: int = 25) -> str:
         return ""
     text = path.read_text(errors="replace").splitlines()
     return "\n".join(text[-lines:])
+
+
+_TRACEBACK = "Traceback (most recent call last):"
+_PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)  # torch's per-rank prefix on stderr lines
+_NOT_TRACEBACK = ("Current thread 0x", "Thread 0x", "Fatal Python error")
+
+
+def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | None:
+    """The last Python traceback in a rank's log, unless it is the trace's own mismatch report.
+
+    A rank that raised by itself (a bad batch, a typo) is the story of the job: its peers then
+    wait for it in a collective, and what the trace says about them is a consequence.
+    """
+    path = out_dir / f"rank{rank}.log"
+    if not path.exists():
+        return None
+    text = path.read_text(errors="replace")
+    at = text.rfind(_TRACEBACK)
+    if at < 0:
+        return None
+    block: list[str] = []
+    for line in _PREFIX.sub("", text[at:]).splitlines():
+        if line.startswith(_NOT_TRACEBACK):
+            break  # what follows (faulthandler's dump of the stacks) is not the exception
+        block.append(line)
+    if any("CollectiveMismatchError" in line for line in block):
+        return None
+    # The launcher's own frames (runpy, the trace tool's ``run``) say nothing about the job.
+    kept: list[str] = []
+    skipping = False
+    for line in block:
+        if line.startswith("  File "):
+            skipping = "<frozen runpy>" in line or "collectives_trace.py" in line
+        elif not line.startswith(" "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "\n".join(kept[-lines:])
+
+
+def exception_line(traceback: str) -> str:
+    """``ValueError: ...``: the first unindented line after a traceback's last frame."""
+    lines = traceback.splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
+    return next((line for line in lines[last_frame + 1 :] if line and not line.startswith(" ")), "")

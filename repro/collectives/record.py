@@ -10,9 +10,9 @@ another traced call is running on the same thread (the ``broadcast`` inside
 ``broadcast_object_list``) is not recorded again.
 
 Functional collectives and DTensor are traced by :mod:`repro.collectives.functional`, the waits
-of async calls by :mod:`repro.collectives.work`. Not covered here: what runs in C++ (DDP's
-reducer, ``ProcessGroup`` methods called directly) and code that bound a function by
-``from torch.distributed import all_reduce`` before install.
+of async calls by :mod:`repro.collectives.work`, what C++ issues (DDP's reducer, ``ProcessGroup``
+methods called directly, and code that bound a function by ``from torch.distributed import
+all_reduce`` before install) by :mod:`repro.collectives.native` at the dispatcher.
 """
 
 from __future__ import annotations
@@ -31,42 +31,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives import functional
-from repro.collectives.active import active, set_active
+from repro.collectives import functional, native
+from repro.collectives.active import active, inside, set_active
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
+from repro.collectives.groups import GroupInfo, dtype_name, p2p_peer
 from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
 from repro.collectives.p2p import BLOCKING, ROLE, PairCounter
 from repro.collectives.splits import split_numels
 
-_local = threading.local()
 _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-class _GroupInfo:
-    __slots__ = ("key", "ranks", "member", "obj")
-
-    def __init__(self, group: Any) -> None:
-        self.obj = group  # keep it alive so its id() is not reused while cached
-        self.member = not c10d._rank_not_in_group(group)
-        if self.member:
-            pg = group if group is not None else c10d._get_default_group()
-            self.key = str(pg.group_name)
-            self.ranks = tuple(dist.get_process_group_ranks(pg))
-        else:
-            self.key, self.ranks = "", ()
-
-
-def _p2p_peer(op: Any, info: _GroupInfo) -> int | None:
-    """A P2POp's global peer (it may name it by group rank only)."""
-    if op.peer is not None:
-        return op.peer
-    group_peer = getattr(op, "group_peer", None)
-    return info.ranks[group_peer] if group_peer is not None else None
 
 
 class Tracer:
@@ -80,7 +54,7 @@ class Tracer:
         self._writer: TraceFileWriter | None = None
         self._index = 0
         self._group_seq: dict[str, int] = {}
-        self._groups: dict[int, _GroupInfo] = {}
+        self._groups: dict[int, GroupInfo] = {}
         self._history: dict[str, deque[CallRecord]] = {}
         self.pairs = PairCounter()
         self._lock = threading.Lock()
@@ -121,10 +95,10 @@ class Tracer:
             self._writer = None
 
     # -- calls --------------------------------------------------------------------------------
-    def _group(self, group: Any) -> _GroupInfo:
+    def _group(self, group: Any) -> GroupInfo:
         info = self._groups.get(id(group))
         if info is None:
-            info = _GroupInfo(group)
+            info = GroupInfo(group)
             self._groups[id(group)] = info
             if info.member:
                 self.write_event({"ev": "group", "group": info.key, "ranks": list(info.ranks)})
@@ -138,9 +112,9 @@ class Tracer:
         numel, dtype, detail = 0, "", []
         value = params.get(tensor_param) if tensor_param else None
         if count == TENSOR and value is not None:
-            numel, dtype = value.numel(), _dtype_name(value.dtype)
+            numel, dtype = value.numel(), dtype_name(value.dtype)
         elif count == LIST and value:
-            numel, dtype = sum(t.numel() for t in value), _dtype_name(value[0].dtype)
+            numel, dtype = sum(t.numel() for t in value), dtype_name(value[0].dtype)
         elif count == P2P_LIST and value:
             params["group"] = value[0].group
         info = self._group(params.get("group"))
@@ -148,7 +122,7 @@ class Tracer:
             return None
         if count == P2P_LIST and value:
             detail = [
-                [p.op.__name__, _p2p_peer(p, info), p.tensor.numel(), _dtype_name(p.tensor.dtype)]
+                [p.op.__name__, p2p_peer(p, info), p.tensor.numel(), dtype_name(p.tensor.dtype)]
                 for p in value
             ]
             numel, dtype = sum(d[2] for d in detail), detail[0][3]
@@ -207,26 +181,74 @@ class Tracer:
             rec = self.describe(op, args, kwargs)
             if rec is None:
                 return None
-            event = rec.to_json()
-            event["ev"] = "call"
-            for key in ("detail", "pairs", "of"):
-                if not event[key]:
-                    del event[key]
-            del event["t_end"]
-            self._writer.write(event)
-            if rec.group_seq is not None:
-                hist = self._history.setdefault(rec.group, deque(maxlen=4))
-                previous = list(hist)
-                hist.append(rec)
+            previous = self._write_call(rec)
+        self._check(rec, previous)
+        return rec
+
+    def before_native(
+        self, op: str, group: Any, numel: int, dtype: str, root: int | None, size_free: bool, issuer: Any
+    ) -> CallRecord | None:
+        """A collective a library issued from C++ (:mod:`repro.collectives.native`): record, then check.
+
+        ``root`` is a group rank, as the ProcessGroup op takes it; ``issuer(rec)`` names the
+        mechanism (DDP's bucket, its unused-parameter bitmap) once the call is described.
+        """
+        with self._lock:
+            if self._writer is None:
+                self._open()
+            info = self._group(group)
+            if not info.member:
+                return None
+            self._group_seq[info.key] = seq = self._group_seq.get(info.key, 0) + 1
+            self._index += 1
+            site, lib_site, stack = sites_and_stack(sys._getframe(2))
+            rec = CallRecord(
+                rank=self.rank if self.rank is not None else -1,
+                index=self._index,
+                op=op,
+                group=info.key,
+                ranks=info.ranks,
+                group_seq=seq,
+                numel=numel,
+                dtype=dtype,
+                site=site,
+                lib_site=lib_site,
+                t=time.time(),
+                root=None if root is None else info.ranks[root],
+                size_free=size_free,
+                stack=stack,
+            )
+            rec.issuer = issuer(rec) if issuer is not None else None
+            previous = self._write_call(rec)
+        self._check(rec, previous)
+        return rec
+
+    def _write_call(self, rec: CallRecord) -> list[CallRecord]:
+        """Write the call event (under the lock); the group's calls before it, for the check's report."""
+        event = rec.to_json()
+        event["ev"] = "call"
+        for key in ("detail", "pairs", "of", "issuer"):
+            if not event[key]:
+                del event[key]
+        del event["t_end"]
+        self._writer.write(event)
+        if rec.group_seq is None:
+            return []
+        hist = self._history.setdefault(rec.group, deque(maxlen=4))
+        previous = list(hist)
+        hist.append(rec)
+        return previous
+
+    def _check(self, rec: CallRecord, previous: list[CallRecord]) -> None:
         if self.checker is not None:
             if rec.group_seq is not None:
                 self.checker.check(rec, previous, self)
             elif rec.pairs:
                 self.checker.check_p2p(rec, self, block=rec.op in BLOCKING)
-        return rec
 
     def after(self, rec: CallRecord) -> None:
-        self._writer.write({"ev": "ret", "index": rec.index, "t": time.time()})
+        # Formatted by hand: json.dumps of this fixed shape was a tenth of the per-call cost.
+        self._writer.write_line(f'{{"ev":"ret","index":{rec.index},"t":{time.time()!r}}}')
 
 
 def wrap_work(result: Any, rec: CallRecord, tracer: Tracer) -> Any:
@@ -242,7 +264,7 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
     @functools.wraps(original)
     def traced(*args: Any, **kwargs: Any) -> Any:
         tracer = active()
-        if tracer is None or getattr(_local, "depth", 0):
+        if tracer is None or getattr(inside, "depth", 0):
             return original(*args, **kwargs)
         try:
             rec = tracer.before(op, args, kwargs)
@@ -256,9 +278,13 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
                 tracer._warned = True
                 print(f"repro.collectives_trace: could not record {op}: {exc!r}", file=sys.stderr)
             rec = None
-        _local.depth = 1
+        inside.depth = 1
         try:
-            result = original(*args, **kwargs)
+            # Below Autograd the ProcessGroup op goes straight to its backend: the native kernel
+            # (repro.collectives.native, for callers in C++) is not entered, since this call is
+            # recorded already; entering Python from the dispatcher costs more than a small gloo call.
+            with torch._C._AutoDispatchBelowAutograd():
+                result = original(*args, **kwargs)
         except BaseException as exc:
             # A call that raised did not complete: it must not read as returned in a hang report.
             if rec is not None:
@@ -267,7 +293,7 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
                 )
             raise
         finally:
-            _local.depth = 0
+            inside.depth = 0
         if rec is not None:
             tracer.after(rec)
             if rec.async_op and result is not None:
@@ -338,6 +364,7 @@ def install(tracer: Tracer) -> None:
             for owner in (c10d, dist):
                 _patch(owner, op, op, wrappers)
         functional.install(_installed)
+    native.install()
     patch_deepspeed_backend()
     set_active(tracer)
 
@@ -349,6 +376,7 @@ def uninstall() -> None:
         current.close()
     set_active(None)
     functional.clear()
+    native.uninstall()
     while _installed:
         owner, attr, original = _installed.pop()
         if hasattr(getattr(owner, attr, None), "__repro_traced__"):

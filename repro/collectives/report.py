@@ -7,6 +7,7 @@ few calls before the divergence, which all ranks agreed on.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from repro.collectives.align import Divergence
@@ -105,6 +106,39 @@ def headline(d: Divergence) -> str:
     raise AssertionError(f"unknown divergence kind {d.kind}")
 
 
+_DDP_SETTING = re.compile(r"(find_unused_parameters|static_graph|bucket_cap_mb)=([^,;)]+)")
+_BUILT_AT = re.compile(r"DDP built at ([^;)]+)")
+
+
+def cause(d: Divergence) -> str | None:
+    """A rank-local library setting that explains the divergence, when the records show one.
+
+    DDP's reducer is shaped by settings each rank gives its own ``DistributedDataParallel``;
+    ranks whose settings differ issue different collectives in ``backward()`` although their
+    Python code runs the same lines.
+    """
+    a, b = d.call_a, d.call_b if d.call_b is not None else d.last_b
+    if a is None or b is None or not (a.issuer and b.issuer):
+        return None
+    sa, sb = dict(_DDP_SETTING.findall(a.issuer)), dict(_DDP_SETTING.findall(b.issuer))
+    differ = [k for k in sa if k in sb and sa[k] != sb[k]]
+    if not differ:
+        return None
+    where = {r: (_BUILT_AT.search(c.issuer) or [None, "?"])[1] for r, c in ((d.rank_a, a), (d.rank_b, b))}
+    settings = "; ".join(f"{k}={sa[k]} on rank {d.rank_a}, {k}={sb[k]} on rank {d.rank_b}" for k in differ)
+    text = (
+        f"the ranks built DistributedDataParallel with different settings ({settings}; built at "
+        f"{where[d.rank_a]} on rank {d.rank_a}, {where[d.rank_b]} on rank {d.rank_b}), so their reducers "
+        "issue different collectives in backward()"
+    )
+    if "find_unused_parameters" in differ:
+        text += (
+            "; with find_unused_parameters=True the reducer also all-reduces an int32 bitmap of the "
+            "parameters used, which a reducer without it never issues"
+        )
+    return text
+
+
 def _row(label: str, left: str, right: str, width: int) -> str:
     return f"  {label:<9} {left:<{width}}  {right}"
 
@@ -140,17 +174,32 @@ def format_divergence(d: Divergence) -> str:
         mark = "*" if d.kind == "mismatch" and label in d.differing else " "
         lines.append(_row(label + mark, lv, f(right) if right else "-", width))
     for rank, c in ((d.rank_a, left), (d.rank_b, right)):
-        if c is not None and len(c.stack) > 1:
+        if c is not None and c.issuer:
+            lines.append(f"  rank {rank}'s call was issued from C++ by: {c.issuer}")
+    reason = cause(d)
+    if reason:
+        lines[1:1] = [f"  Cause: {reason}"]
+    for rank, c in ((d.rank_a, left), (d.rank_b, right)):
+        if c is not None and c.stack:
             lines.append("")
-            lines.append(f"  rank {rank}'s stack (innermost first):")
-            lines.extend(f"    {frame}" for frame in c.stack)
+            lines.append(f"  rank {rank}'s user stack (outermost first, the call last):")
+            lines.extend(f"    {frame}" for frame in reversed(c.stack))
     if len(d.extra_calls) > 1:
         lines.append("")
         lines.append(f"  all extra calls on rank {d.rank_a}:")
         lines.extend(f"    #{c.group_seq} {_where(c)}" for c in d.extra_calls)
+    if d.parted:
+        p = d.parted
+        lines.append("")
+        lines.append(
+            f"  the ranks' paths first parted at call #{p['seq']} on group {d.group} ({p['call']} on each, "
+            "issued from different lines):"
+        )
+        for rank, stack in sorted(p["stacks"].items(), key=lambda x: int(x[0])):
+            lines.append(f"    rank {rank}: " + " > ".join(reversed(stack)))
     if d.before:
         lines.append("")
-        lines.append("  calls before it (equal on the ranks):")
+        lines.append(f"  calls before it on rank {d.rank_a} (equal in op and size on the ranks):")
         for ca, _ in d.before:
             lines.append(f"    #{ca.group_seq} {_where(ca)}")
     return "\n".join(lines)
@@ -177,6 +226,7 @@ def divergence_to_json(d: Divergence) -> dict[str, Any]:
         "missing_ranks": d.missing_ranks,
         "before": [[ca.to_json(), _call_json(cb)] for ca, cb in d.before],
         "source": d.source,
+        "parted": d.parted,
     }
 
 
@@ -200,4 +250,5 @@ def divergence_from_json(d: dict[str, Any]) -> Divergence:
         missing_ranks=list(d["missing_ranks"]),
         before=[(call(a), call(b)) for a, b in d["before"]],
         source=d["source"],
+        parted=d.get("parted"),
     )

@@ -14,7 +14,7 @@ def _site(marker: str) -> str:
     lines = pathlib.Path(__file__).read_text().splitlines()
     hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# fc:{marker}")]
     assert len(hits) == 1, (marker, hits)
-    return f"test_functional.py:{hits[0]}"
+    return f"{pathlib.Path(__file__).name}:{hits[0]}"
 
 
 def _functional_step(kind: str, rank: int, divergent: bool) -> list:

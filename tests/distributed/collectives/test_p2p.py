@@ -15,7 +15,7 @@ def _site(marker: str) -> str:
     lines = pathlib.Path(__file__).read_text().splitlines()
     hits = [i + 1 for i, line in enumerate(lines) if line.rstrip().endswith(f"# p2p:{marker}")]
     assert len(hits) == 1, (marker, hits)
-    return f"test_p2p.py:{hits[0]}"
+    return f"{pathlib.Path(__file__).name}:{hits[0]}"
 
 
 def _p2p_step(kind: str, rank: int) -> object:

@@ -76,7 +76,7 @@ def _site_line(marker: str) -> str:
         if line.split("# site:")[-1].split(" ")[0] == marker and "# site:" in line
     ]
     assert len(hits) == 1, (marker, hits)
-    return f"test_trace.py:{hits[0]} _diverge"
+    return f"{pathlib.Path(__file__).name}:{hits[0]} _diverge"
 
 
 @pytest.mark.parametrize(
