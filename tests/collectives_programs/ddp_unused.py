@@ -11,7 +11,7 @@ rank = init()
 net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
 model = torch.nn.parallel.DistributedDataParallel(net, find_unused_parameters=DIVERGENT and rank == 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(3):
+for _step in range(3):
     loss = model(torch.ones(2, 4)).sum()
     loss.backward()  # expect: 1
     opt.step()
