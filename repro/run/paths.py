@@ -47,8 +47,13 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     if any(m.path == TINY for m in models):
         import torch
 
-        from repro.data.sft import ensure_tiny_policy
+        from repro.data.sft import SFTRecipe, cache_root, ensure_tiny_policy, read_report
 
+        cached = cache_root() / "tiny-policy" / SFTRecipe().key("cpu")
+        if read_report(cached) is None:
+            # The first run is otherwise silent for about 30 s (minutes on a loaded machine).
+            log.info("building the tiny policy (SFT, about 30 s on 2 free cores; once per machine): it is cached in "
+                     "%s (REPRO_CACHE_DIR sets the folder) and every later run reuses it", cached)
         # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
         # and CPU and GPU runs then start from the same policy.
         tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
@@ -77,6 +82,19 @@ class RunPaths:
     resumed_from: Path | None
     """The checkpoint step directory to load, or None for a fresh start."""
     resume_step: int
+    previous_finished: Path | None = None
+    """The latest finished run of the same experiment when this one starts a new folder (auto resume)."""
+
+    def start_notes(self) -> list[str]:
+        """What the run says first: whether it continues a run or starts a new one beside a finished one."""
+        if self.resumed_from is not None:
+            return [f"resuming in {self.run_dir} from the step-{self.resume_step} checkpoint"]
+        if self.previous_finished is None:
+            return []
+        state = run_state(self.previous_finished)
+        steps = state.get("last_step", state.get("total_steps", "?"))
+        return [f"the previous run of this experiment finished ({steps} steps) in {self.previous_finished}; "
+                f"this is a new run in {self.run_dir} (trainer.experiment_name=<name> keeps runs apart)"]
 
 
 def _is_run_of(name: str, experiment: str) -> bool:
@@ -113,6 +131,7 @@ def _new_run_dir(experiment: str) -> Path:
 def choose_run_paths(cfg: RunConfig) -> RunPaths:
     """Pick the run directory and the checkpoint to resume from (module docstring)."""
     t = cfg.trainer
+    previous = None
     if t.output_dir:
         run_dir = Path(t.output_dir)
     elif t.resume_mode == "auto":
@@ -123,6 +142,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
         unfinished = [p for p in runs
                       if run_state(p).get("status") != "finished" and latest_checkpoint(p / "checkpoints")]
         run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
+        finished = [p for p in runs if run_state(p).get("status") == "finished"]
+        previous = finished[-1] if finished and not unfinished else None
     else:
         run_dir = _new_run_dir(t.experiment_name)
     ckpt_dir = Path(t.default_local_dir) if t.default_local_dir else run_dir / "checkpoints"
@@ -141,7 +162,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
             raise ValueError(f"trainer.resume_from_path={t.resume_from_path!r} is not a global_step_<N> checkpoint folder")
         step = int(m.group(1))
     run_dir.mkdir(parents=True, exist_ok=True)
-    return RunPaths(run_dir=run_dir, ckpt_dir=ckpt_dir, resumed_from=resumed, resume_step=step)
+    return RunPaths(run_dir=run_dir, ckpt_dir=ckpt_dir, resumed_from=resumed, resume_step=step,
+                    previous_finished=previous)
 
 
 def setup_logging(run_dir: Path) -> logging.Handler:
