@@ -19,7 +19,8 @@ _FIELDS = ("train_batch_size", "ppo_mini_batch_size", "ppo_micro_batch_size_per_
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def nearest_combination(p: Any, is_valid: Callable[[Any], bool], dp: int) -> dict[str, int] | None:
