@@ -1,78 +1,81 @@
-"""Ray processes a killed driver left behind: found by their owner's mark, and ended.
+"""Ray processes a killed driver left behind: found through their session folder, and ended.
 
 A local Ray instance (``ray.init(address="local")``) ends with its driver on every path but one:
 after ``kill -9`` of the driver, Ray 2.60's ``DashboardAgent`` and ``RuntimeEnvAgent`` (about
-190 MB together) outlive it, re-parented to init, and nothing of Ray ever ends them. So the
-driver marks the processes its ``ray.init`` starts: :func:`owner_mark` puts ``REPRO_RAY_OWNER=
-<pid>:<start time>`` into the environment they inherit (and takes it out again after). A marked
-process whose owner is gone (no such pid, or a pid reused by a later process) is an orphan.
+190 MB together) outlive it, re-parented to init, and nothing of Ray ever ends them. Their
+command line and environment are no help (``setproctitle`` overwrites both), but they keep their
+log files open in the session folder. So right after a local ``ray.init`` the driver writes
+``repro_owner.json`` (its pid and start time) into that folder; a process with a file open in a
+session folder whose owner is gone (no such pid, a zombie, or a pid reused by a later process)
+is an orphan.
 
-:func:`reap_orphans` runs before every local ``ray.init`` (``repro.cluster.worker_group``), and
-``python -m repro.cluster.ray_reaper`` runs it by hand. Another user's live run, a cluster joined
-through ``trainer.ray_address`` and any process without the mark are never touched: only the
-caller's own uid's processes are readable anyway.
+:func:`reap_orphans` runs before every local ``ray.init`` (:func:`init_ray`, called by
+``repro.cluster.worker_group``), and ``python -m repro.cluster.ray_reaper`` runs it by hand.
+Sessions without the owner file (another tool's, a cluster joined through
+``trainer.ray_address``) and the sessions of live drivers are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import os
 import sys
-import time
-from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
 
-OWNER_ENV = "REPRO_RAY_OWNER"
+OWNER_FILE = "repro_owner.json"
 # Ray's agents ignore SIGTERM once their raylet is gone: they get SIGKILL after this grace.
 _TERM_GRACE_S = 2.0
 
 
-def _mark_of(proc: psutil.Process) -> str:
-    return f"{proc.pid}:{proc.create_time():.3f}"
+def _start_time(proc: psutil.Process) -> float:
+    return round(proc.create_time(), 2)
 
 
-@contextlib.contextmanager
-def owner_mark() -> Iterator[str]:
-    """Within the block, processes started from here carry this process's owner mark."""
-    mark = _mark_of(psutil.Process())
-    previous = os.environ.get(OWNER_ENV)
-    os.environ[OWNER_ENV] = mark
+def mark_session(session_dir: str | Path) -> None:
+    """Record this process as the owner of the Ray session in ``session_dir``."""
+    me = psutil.Process()
+    (Path(session_dir) / OWNER_FILE).write_text(json.dumps({"pid": me.pid, "started": _start_time(me)}))
+
+
+def _owner_alive(owner: dict[str, Any]) -> bool:
     try:
-        yield mark
-    finally:
-        # Only what ray.init starts needs it; later children (a benchmark's runs) are not Ray's.
-        if previous is None:
-            os.environ.pop(OWNER_ENV, None)
-        else:
-            os.environ[OWNER_ENV] = previous
-
-
-def _owner_alive(mark: str) -> bool:
-    pid, _, started = mark.partition(":")
-    try:
-        owner = psutil.Process(int(pid))
+        proc = psutil.Process(int(owner["pid"]))
         # A driver killed by -9 whose parent has not waited for it yet is a zombie: gone all the same.
-        return _mark_of(owner) == f"{pid}:{started}" and owner.status() != psutil.STATUS_ZOMBIE
-    except (psutil.Error, ValueError):
+        return _start_time(proc) == owner["started"] and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError, ValueError):
         return False
 
 
+def _session_of(path: str) -> Path | None:
+    for parent in Path(path).parents:
+        if parent.name.startswith("session_"):
+            return parent
+    return None
+
+
 def orphans() -> list[psutil.Process]:
-    """Marked processes whose owner is gone (a zombie owner counts as gone)."""
-    me = os.getpid()
+    """Processes with a file open in a repro-owned Ray session whose owner is gone."""
+    dead: dict[Path, bool] = {}
     found = []
     for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
         try:
-            mark = proc.environ().get(OWNER_ENV)
-            if mark and not _owner_alive(mark) and proc.status() != psutil.STATUS_ZOMBIE:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            sessions = {s for f in proc.open_files() if (s := _session_of(f.path)) is not None}
+        except psutil.Error:
             continue
+        for session in sessions:
+            if session not in dead:
+                owner_file = session / OWNER_FILE
+                try:
+                    dead[session] = not _owner_alive(json.loads(owner_file.read_text()))
+                except (OSError, ValueError):
+                    dead[session] = False  # not a repro session, or not marked yet: leave it be
+            if dead[session]:
+                found.append(proc)
+                break
     return found
 
 
@@ -102,7 +105,7 @@ class _DropTokenNotice(logging.Filter):
 
 def init_ray(kwargs: dict[str, Any], *, local: bool) -> None:
     """``ray.init(**kwargs)``; a local instance first ends the orphans of earlier killed drivers
-    and marks its own processes (module docstring)."""
+    and marks its own session (module docstring)."""
     import ray
 
     token_log = logging.getLogger("ray._private.authentication.authentication_token_setup")
@@ -114,17 +117,16 @@ def init_ray(kwargs: dict[str, Any], *, local: bool) -> None:
     ended = reap_orphans()
     if ended:
         logging.getLogger("repro.trainer").warning(
-            "ended %d Ray process(es) left by a killed earlier run: %s", len(ended), "; ".join(ended))
-    with owner_mark():
-        ray.init(**kwargs)
+            "ended %d Ray process(es) left by an earlier run that was killed: %s", len(ended), "; ".join(ended))
+    ray.init(**kwargs)
+    mark_session(ray._private.worker._global_node.get_session_dir_path())
 
 
 def main() -> int:
-    started = time.monotonic()
     ended = reap_orphans()
     for line in ended:
         print(f"ended {line}")
-    print(f"{len(ended)} Ray process(es) of dead repro drivers ended ({time.monotonic() - started:.1f} s)")
+    print(f"{len(ended)} Ray process(es) of killed repro drivers ended")
     return 0
 
 
