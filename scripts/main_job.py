@@ -56,9 +56,9 @@ def main() -> int:
         for name in FILES:
             shutil.copy2(run_dir / name, args.out / name)
     sys.path.insert(0, str(ROOT))
-    from repro.data.sft import ensure_tiny_policy, read_report
-
     import torch
+
+    from repro.data.sft import ensure_tiny_policy, read_report
 
     report = read_report(ensure_tiny_policy(device=torch.device("cpu")))  # cached: the run built it
     report.pop("history", None)
