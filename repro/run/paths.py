@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +58,8 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
                      "%s (REPRO_CACHE_DIR sets the folder) and every later run reuses it", cached)
         # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
         # and CPU and GPU runs then start from the same policy.
-        tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
+        with _quiet_build():
+            tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
         for m in models:
             if m.path == TINY:
                 m.path = tiny
@@ -73,6 +76,29 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
         if cfg.data.val_files is None:
             cfg.data.val_files = str(val)
     return cfg
+
+
+class _DropCpuAcceleratorNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_build() -> Iterator[None]:
+    """The one-time build says one line of its own; without this it also printed DeepSpeed's
+    "Setting accelerator to CPU" (transformers imports DeepSpeed) and a shard-writing progress bar."""
+    import transformers
+
+    ds_log, quiet = logging.getLogger("DeepSpeed"), _DropCpuAcceleratorNotice()
+    ds_log.addFilter(quiet)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        ds_log.removeFilter(quiet)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
 
 
 @dataclass
