@@ -26,32 +26,38 @@ def _divisors(n: int) -> list[int]:
 def nearest_combination(p: Any, is_valid: Callable[[Any], bool], dp: int) -> dict[str, int] | None:
     """The changed fields (``BatchParams`` field -> value) of the nearest valid combination, or None.
 
-    Train batch sizes up to 4x the asked one are tried, each mini-batch a divisor of it, and the
-    micro-batch stays as asked when it divides the rank's mini-batch, else the nearest divisor.
+    Train batch sizes from 1/4 to 4x the asked one are tried, each mini-batch a divisor of it,
+    and the micro-batch stays as asked when it divides the rank's mini-batch, else the nearest divisor.
     """
     asked = {name: getattr(p, name) for name in _FIELDS}
     dynamic = p.use_dynamic_bsz or p.ppo_micro_batch_size is not None
     best: tuple[tuple[int, float], dict[str, int]] | None = None
-    for tbs in range(1, 4 * p.train_batch_size + 1):
-        if (tbs * p.rollout_n) % dp:
-            continue
+    # Only multiples of `step` split tbs * rollout.n samples evenly across dp ranks.
+    step = dp // math.gcd(p.rollout_n, dp)
+    first = -(-max(1, p.train_batch_size // 4) // step) * step
+    for tbs in range(first, 4 * p.train_batch_size + 1, step):
         for mini in _divisors(tbs):
             if (mini * p.rollout_n) % dp:
                 continue
             values = {"train_batch_size": tbs, "ppo_mini_batch_size": mini}
+            if best is not None and _cost(values, asked) >= best[0]:
+                continue  # a micro-batch change could only add to it
             if not dynamic:
                 per_rank = mini * p.rollout_n // dp
                 micro = asked["ppo_micro_batch_size_per_gpu"] or 1
                 if per_rank % micro:
                     micro = min(_divisors(per_rank), key=lambda d: (abs(math.log(d / micro)), -d))
                 values["ppo_micro_batch_size_per_gpu"] = micro
-            changed = {k: v for k, v in values.items() if v != asked[k]}
-            if not changed:
-                continue
-            cost = (len(changed), sum(abs(math.log(v / asked[k])) for k, v in changed.items()))
-            if best is not None and cost >= best[0]:
+            cost = _cost(values, asked)
+            if cost[0] == 0 or (best is not None and cost >= best[0]):
                 continue
             if is_valid(replace(p, **values)):
-                best = (cost, changed)
+                best = (cost, {k: v for k, v in values.items() if v != asked[k]})
     return None if best is None else best[1]
+
+
+def _cost(values: dict[str, int], asked: dict[str, Any]) -> tuple[int, float]:
+    """(keys changed, sum of |log(new / asked)|): fewer keys first, then the closer values."""
+    changed = [(v, asked[k]) for k, v in values.items() if v != asked[k]]
+    return len(changed), sum(abs(math.log(v / a)) if a else 1.0 for v, a in changed)
 
