@@ -160,10 +160,11 @@ def test_no_ray_process_of_a_kill_9_driver_outlives_the_cleanup(tmp_path):
         procs = _job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
         names = {p.name() for p in procs}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
+        agents = {p for p in procs if p.name() in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")}
         proc.kill()  # the driver only, as `kill -9 <pid>` does; its Ray processes are not signalled
         proc.wait(timeout=30)
-        left = _alive(procs, wait_s=5)
-        assert left, "nothing outlived the driver: this test would prove nothing"
+        # Checked at once: a job of another pytest worker starting its own Ray would reap them too.
+        assert len(_alive(agents, wait_s=0)) == 2, "nothing outlived the driver: this test would prove nothing"
         reaped = subprocess.run([sys.executable, "-m", "repro.cluster.ray_reaper"], cwd=ROOT, env=_env(outputs),
                                 capture_output=True, text=True, timeout=60)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
