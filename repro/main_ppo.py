@@ -14,11 +14,31 @@ import sys
 import warnings
 from collections.abc import Sequence
 
-USAGE = """usage: python -m repro.main_ppo [-cn ppo_trainer | --config-name ppo_trainer] [key=value ...]
+USAGE = """usage: python -m repro.main_ppo [-cn NAME | --config-name NAME] [key=value ...]
 
-Overrides use verl's key names (Hydra syntax), e.g.
-  actor@actor_rollout_ref.actor=ds_actor critic=ds_critic actor_rollout_ref.actor.deepspeed.zero_stage=3
-Add trainer.dry_run=true to validate and print the effective plan (last stdout line: JSON) without running."""
+PPO / GRPO with DeepSpeed workers on Ray, configured with verl's keys (Hydra overrides).
+
+configs (-cn):
+  grpo_tiny     the embedded default job: GRPO of a 1 M-parameter Qwen3 on 2+1-digit addition,
+                2 ranks, ZeRO-2, 60 steps (about 3 minutes on 2 CPU cores)
+  ppo_tiny      the same task with a critic and GAE
+  ppo_trainer   verl's defaults (the default): bring actor_rollout_ref.model.path and data.*_files
+
+common keys:
+  trainer.device=auto|cpu|cuda      auto (default): GPU ranks when CUDA is visible, else CPU ranks
+  trainer.n_gpus_per_node=N trainer.nnodes=M   ranks per node, nodes (nnodes>1: trainer.ray_address)
+  actor_rollout_ref.actor.deepspeed.zero_stage=1|2|3 actor_rollout_ref.actor.deepspeed.offload=cpu
+  trainer.dry_run=true              check, print the effective plan (last line: JSON), start nothing
+  trainer.resume_mode=auto|disable  auto (default): the same command continues its unfinished run
+
+outputs: outputs/<experiment_name>_<timestamp>/ (or trainer.output_dir; root $REPRO_OUTPUTS_DIR):
+  metrics.tsv summary.tsv curves.png config.yaml train.log run.json checkpoints/
+cache: the tiny policy and the arithmetic data are built once, in $REPRO_CACHE_DIR (~/.cache/repro)
+
+on GPUs: trainer.device=cuda trainer.n_gpus_per_node=<GPUs>. The GPU gate (2 CUDA GPUs; the vLLM
+cases 1): REPRO_GPU_PYTHON=python3 bash scripts/gpu_e2e.sh  (or nox -s gpu_e2e in a CUDA env)
+cleanup after a kill -9: python -m repro.cluster.ray_reaper (every run also does it first)
+more: README.md and docs/ (docs/config.md: keys and batch split; docs/running.md: runs on disk)"""
 
 _IGNORED_FLAGS = ("-cp", "--config-path", "-cd", "--config-dir")
 

@@ -54,6 +54,7 @@ from repro.rl.step import (
     token_level_scores,
 )
 from repro.rl.validation_metrics import validation_metrics
+from repro.run.banner import banner_lines
 from repro.run.checkpoints import CheckpointStore, write_json_atomic
 from repro.run.claim import Claim, claim_run
 from repro.run.interrupts import hold_after_checkpoint, mark_interrupted
@@ -276,6 +277,8 @@ class PPOTrainer:
         resume_from = self.verified_checkpoint()
         ckpt_key = "trainer.default_local_dir" if t.default_local_dir else "trainer.output_dir (its checkpoints/)"
         self.group = WorkerGroup(cfg, HybridWorker, cfg, shared_dirs=[(ckpt_key, self.paths.ckpt_dir)])
+        for line in banner_lines(cfg, self.group.execute_all_same("engine_setup")[0], gpu=self.group.gpu):
+            log.info(line)
         start = 0
         if resume_from is not None:
             start = self.load(resume_from)
@@ -342,6 +345,8 @@ def run(cfg: RunConfig, claim: Claim | None = None) -> Path:
     try:
         if lock.took_over:
             log.warning("took over the stale run.lock of %s (that process is gone)", lock.took_over.describe())
+        for note in paths.start_notes():
+            log.info(note)
         if changes:
             log.warning(describe_changes(changes))
         cfg = resolve_builtin_assets(cfg)

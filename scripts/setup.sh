@@ -24,7 +24,9 @@ pip=("$venv/bin/python" -m pip)
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   "${pip[@]}" install -q "torch==2.13.0"
 fi
-torch_version=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
+# Read from the installed metadata: importing torch before numpy is installed prints
+# "Failed to initialize NumPy", which is noise on a first setup.
+torch_version=$("$venv/bin/python" -c 'from importlib.metadata import version; print(version("torch").split("+")[0])')
 # DeepSpeed is built from its sdist: DS_BUILD_OPS=0 keeps it from compiling ops at install time
 # (ops it needs are JIT-built on first use, and the fast suites use none).
 DS_BUILD_OPS=0 "${pip[@]}" install -q -c constraints/cpu.txt "torch==$torch_version" -e '.[dev]'

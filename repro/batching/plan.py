@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from repro.batching.suggest import nearest_combination
+
 ROLE_PREFIXES = {"actor": "actor_rollout_ref.actor", "critic": "critic"}
 K_NGPUS = "trainer.n_gpus_per_node"
 K_NNODES = "trainer.nnodes"
@@ -62,6 +64,8 @@ class BatchPlanError(ValueError):
         super().__init__(message)
         self.keys = tuple(keys)
         self.suggestions = suggestions
+        self.combination: dict[str, int] | None = None
+        """Keys and values of a whole valid plan, when no one key alone fixes this one."""
 
 
 @dataclass(frozen=True)
@@ -323,7 +327,21 @@ def _fail(
                     f" (nearest that split evenly: {' or '.join(map(str, split))}, "
                     "but not all of those pass the other rules)."
                 )
-    raise BatchPlanError(" ".join(parts), keys, suggestions)
+    combination = None
+    if not all(suggestions.values()):
+        # One key alone cannot fix it: following one key's advice only moves the error to the next key.
+        changed = nearest_combination(p, _is_valid, p.n_gpus_per_node * p.nnodes // p.sp)
+        if changed:
+            combination = {_key(p, name): value for name, value in changed.items()}
+            parts.append("A combination that works: "
+                         + " ".join(f"{k}={v}" for k, v in combination.items()) + ".")
+    error = BatchPlanError(" ".join(parts), keys, suggestions)
+    error.combination = combination
+    raise error
+
+
+def _key(p: BatchParams, name: str) -> str:
+    return K_TBS if name == "train_batch_size" else f"{p.prefix}.{name}"
 
 
 def sample_layout(plan: RoleBatchPlan) -> list[list[list[range]]]:

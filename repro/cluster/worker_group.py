@@ -37,6 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from repro.cluster import placement, shared_storage
 from repro.cluster.errors import WorkerError, gather
+from repro.cluster.ray_reaper import init_ray
 from repro.cluster.signals import reclaim_sigterm
 from repro.config import RunConfig
 from repro.devices import on_cpu
@@ -82,7 +83,7 @@ def start_ray(cfg: RunConfig) -> None:
     kwargs.update(dict(cfg.ray_kwargs.ray_init))
     if address and "num_cpus" in cfg.ray_kwargs.ray_init:
         raise ValueError("ray_kwargs.ray_init.num_cpus cannot be set when joining a cluster (trainer.ray_address)")
-    ray.init(**kwargs)
+    init_ray(kwargs, local=not address)
     reclaim_sigterm()
 
 

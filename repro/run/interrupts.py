@@ -43,7 +43,17 @@ def hold_after_checkpoint(step: int) -> None:
 def resume_command(argv: list[str] | None = None) -> str:
     """The command line that continues this run (the same one: auto-resume finds the folder)."""
     argv = sys.argv[1:] if argv is None else argv
-    return shlex.join([Path(sys.executable).name, "-m", "repro.main_ppo", *argv])
+    return shlex.join([_interpreter(), "-m", "repro.main_ppo", *argv])
+
+
+def _interpreter() -> str:
+    """The interpreter that ran this job (``.venv/bin/python``, not a bare ``python`` that may
+    be another one), relative to the working directory when it lies inside it."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
 
 
 def _continue_argv(paths: RunPaths, argv: list[str]) -> list[str]:

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +49,17 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     if any(m.path == TINY for m in models):
         import torch
 
-        from repro.data.sft import ensure_tiny_policy
+        from repro.data.sft import SFTRecipe, cache_root, ensure_tiny_policy, read_report
 
+        cached = cache_root() / "tiny-policy" / SFTRecipe().key("cpu")
+        if read_report(cached) is None:
+            # The first run is otherwise silent for about 30 s (minutes on a loaded machine).
+            log.info("building the tiny policy (SFT, about 30 s on 2 free cores; once per machine): it is cached in "
+                     "%s (REPRO_CACHE_DIR sets the folder) and every later run reuses it", cached)
         # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
         # and CPU and GPU runs then start from the same policy.
-        tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
+        with _quiet_build():
+            tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
         for m in models:
             if m.path == TINY:
                 m.path = tiny
@@ -70,6 +78,29 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+class _DropCpuAcceleratorNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Setting accelerator to CPU" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_build() -> Iterator[None]:
+    """The one-time build says one line of its own; without this it also printed DeepSpeed's
+    "Setting accelerator to CPU" (transformers imports DeepSpeed) and a shard-writing progress bar."""
+    import transformers
+
+    ds_log, quiet = logging.getLogger("DeepSpeed"), _DropCpuAcceleratorNotice()
+    ds_log.addFilter(quiet)
+    bars = transformers.utils.logging.is_progress_bar_enabled()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        ds_log.removeFilter(quiet)
+        if bars:
+            transformers.utils.logging.enable_progress_bar()
+
+
 @dataclass
 class RunPaths:
     run_dir: Path
@@ -77,6 +108,19 @@ class RunPaths:
     resumed_from: Path | None
     """The checkpoint step directory to load, or None for a fresh start."""
     resume_step: int
+    previous_finished: Path | None = None
+    """The latest finished run of the same experiment when this one starts a new folder (auto resume)."""
+
+    def start_notes(self) -> list[str]:
+        """What the run says first: whether it continues a run or starts a new one beside a finished one."""
+        if self.resumed_from is not None:
+            return [f"resuming in {self.run_dir} from the step-{self.resume_step} checkpoint"]
+        if self.previous_finished is None:
+            return []
+        state = run_state(self.previous_finished)
+        steps = state.get("last_step", state.get("total_steps", "?"))
+        return [f"the previous run of this experiment finished ({steps} steps) in {self.previous_finished}; "
+                f"this is a new run in {self.run_dir} (trainer.experiment_name=<name> keeps runs apart)"]
 
 
 def _is_run_of(name: str, experiment: str) -> bool:
@@ -113,6 +157,7 @@ def _new_run_dir(experiment: str) -> Path:
 def choose_run_paths(cfg: RunConfig) -> RunPaths:
     """Pick the run directory and the checkpoint to resume from (module docstring)."""
     t = cfg.trainer
+    previous = None
     if t.output_dir:
         run_dir = Path(t.output_dir)
     elif t.resume_mode == "auto":
@@ -123,6 +168,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
         unfinished = [p for p in runs
                       if run_state(p).get("status") != "finished" and latest_checkpoint(p / "checkpoints")]
         run_dir = unfinished[-1] if unfinished else _new_run_dir(t.experiment_name)
+        finished = [p for p in runs if run_state(p).get("status") == "finished"]
+        previous = finished[-1] if finished and not unfinished else None
     else:
         run_dir = _new_run_dir(t.experiment_name)
     ckpt_dir = Path(t.default_local_dir) if t.default_local_dir else run_dir / "checkpoints"
@@ -141,7 +188,8 @@ def choose_run_paths(cfg: RunConfig) -> RunPaths:
             raise ValueError(f"trainer.resume_from_path={t.resume_from_path!r} is not a global_step_<N> checkpoint folder")
         step = int(m.group(1))
     run_dir.mkdir(parents=True, exist_ok=True)
-    return RunPaths(run_dir=run_dir, ckpt_dir=ckpt_dir, resumed_from=resumed, resume_step=step)
+    return RunPaths(run_dir=run_dir, ckpt_dir=ckpt_dir, resumed_from=resumed, resume_step=step,
+                    previous_finished=previous)
 
 
 def setup_logging(run_dir: Path) -> logging.Handler:

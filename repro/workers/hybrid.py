@@ -68,6 +68,19 @@ class HybridWorker:
         self._nvml_peak = 0.0
         self._infer_mfu: float | None = None
 
+    def engine_setup(self) -> dict[str, dict[str, Any]]:
+        """Per role with an engine of its own: ZeRO stage and placement as DeepSpeed built them
+        (the run's banner shows these, not what the config asked)."""
+        from repro.workers.placement import optimizer_placement, param_placement
+
+        out = {}
+        for role, worker in (("actor", self.actor), ("ref", self.ref), ("critic", self.critic)):
+            engine = worker.engine.engine if worker is not None else None
+            if engine is not None:
+                out[role] = {"stage": int(engine.zero_optimization_stage()), "optimizer": optimizer_placement(engine),
+                             "param": param_placement(engine)}
+        return out
+
     # ---- rollout ---------------------------------------------------------------------------
     def sync_weights(self, version: int) -> int:
         """Copy the actor's current weights into the inference copy (all ranks together)."""

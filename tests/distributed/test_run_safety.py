@@ -141,6 +141,43 @@ def test_ctrl_c_leaves_no_process_and_records_the_checkpoint(tmp_path):
     _interrupt("ctrl-c", tmp_path / "outputs")
 
 
+@pytest.mark.slow  # one real job on a cluster of its own, then the cleanup: about 30 s on 2 cores
+def test_no_ray_process_of_a_kill_9_driver_outlives_the_cleanup(tmp_path):
+    """kill -9 of the driver leaves Ray 2.60's DashboardAgent and RuntimeEnvAgent running (re-parented
+    to init, ~190 MB); the cleanup that every local start runs first (and python -m
+    repro.cluster.ray_reaper by hand) ends them and nothing else."""
+    outputs = tmp_path / "outputs"
+    env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
+    proc = subprocess.Popen(_cmd(*_INTERRUPTED), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
+    try:
+        deadline = time.time() + 120
+        while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
+            time.sleep(0.2)
+        run_dir = next(outputs.glob("grpo_tiny_arith_*"))
+        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+        procs = _job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
+        names = {p.name() for p in procs}
+        assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
+        agents = {p for p in procs if p.name() in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")}
+        proc.kill()  # the driver only, as `kill -9 <pid>` does; its Ray processes are not signalled
+        proc.wait(timeout=30)
+        # Checked at once: a job of another pytest worker starting its own Ray would reap them too.
+        assert len(_alive(agents, wait_s=0)) == 2, "nothing outlived the driver: this test would prove nothing"
+        reaped = subprocess.run([sys.executable, "-m", "repro.cluster.ray_reaper"], cwd=ROOT, env=_env(outputs),
+                                capture_output=True, text=True, timeout=60)
+        assert reaped.returncode == 0, reaped.stderr[-3000:]
+        left = _alive(procs, wait_s=15)
+        assert not left, f"processes left after kill -9 and the cleanup: {left}\n{reaped.stdout}"
+        assert bystander.poll() is None, "the cleanup ended a process that was not the dead driver's"
+        print(f"kill -9: {len(procs)} job processes; the cleanup ended them: {reaped.stdout.strip()[-300:]}")
+    finally:
+        for p in (proc, bystander):
+            if p.poll() is None:
+                p.kill()
+
+
 @pytest.mark.slow  # three real jobs, one after the other: about 30 s on 2 cores
 def test_sigterm_leaves_no_process_records_the_checkpoint_refuses_a_changed_config_and_resumes(tmp_path, ray_head):
     """What follows the interrupt does not depend on the signal, so only this run goes on."""

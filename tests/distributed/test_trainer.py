@@ -85,10 +85,14 @@ def _check_outputs(run_dir: Path, steps: int, required: tuple[str, ...]) -> list
 
 
 def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
-    out = tmp_path / "grpo"
+    # A finished run of the same experiment is already there: this one must say so and start anew.
+    done = tmp_path / "outputs" / "grpo_tiny_arith_20260101_000000"
+    done.mkdir(parents=True)
+    (done / "run.json").write_text('{"status": "finished", "last_step": 60}')
     # Two steps: a metrics row per step, validation before training and at the last step.
-    _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
-                       f"trainer.output_dir={out}"], tmp_path, ray_address=ray_head)
+    proc = _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1"],
+                tmp_path, ray_address=ray_head)
+    [out] = [d for d in (tmp_path / "outputs").iterdir() if d != done]
     rows = _check_outputs(out, 2, ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
                                    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
                                    "perf/max_memory_reserved_gb"))
@@ -97,15 +101,25 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
     # Validation before training runs on the warm-started policy (~0.3 greedy accuracy), not on
     # the rollout copy's initial weights: a missing weight sync shows up as ~0 here.
     assert read_summary(out / "summary.tsv")["val_before_train"] > 0.1
-    assert "finished 2 step(s)" in (out / "train.log").read_text()
+    log = (out / "train.log").read_text()
+    assert "finished 2 step(s)" in log
+    # What it continues or not, and its setup, on the console and in train.log alike.
+    for text in (proc.stderr, log):
+        assert f"the previous run of this experiment finished (60 steps) in {done}; this is a new run in {out}" in text
+        assert "setup: DeepSpeed engine (deepspeed), grpo, 2 CPU rank(s) on 1 node(s)" in text
+        assert ("actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, micro 8 x GAS 1 "
+                "per rank, 2 mini-batch(es) x 2 epoch(s)/step, remove-padding off, LoRA off") in text
+        assert "rollout: hf, 8 prompts x n=4" in text
+    assert "Token authentication" not in proc.stderr
 
 
 def test_ppo_run_trains_actor_and_critic(tmp_path, ray_head):
     out = tmp_path / "ppo"
-    _run("ppo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
-                      "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
-                      "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path,
-         ray_address=ray_head)
+    proc = _run("ppo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
+                             "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
+                             "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"], tmp_path,
+                ray_address=ray_head)
+    assert "critic: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1" in proc.stderr
     _check_outputs(out, 2, ("actor/pg_loss", "critic/vf_loss", "critic/values/mean", "critic/returns/mean",
                             "critic/grad_norm", "timing_s/values", "timing_s/update_critic", "perf/mfu/critic"))
 

@@ -216,3 +216,18 @@ def test_lora_and_sequence_parallel_plan(monkeypatch, capsys):
     batch = plan["batch"]["critic"]
     assert batch["sp"] == 2 and batch["train_batch_size"] == batch["micro"] * batch["gas"] * batch["dp"] * 2
     assert plan["critic"]["deepspeed"]["train_batch_size"] == batch["micro"] * batch["gas"] * batch["dp"]
+
+
+def test_help_names_the_configs_the_device_key_the_outputs_the_cache_and_the_gpu_gate(capsys):
+    from repro.config.presets import PRESETS
+
+    assert main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for name in [*PRESETS, "ppo_trainer"]:
+        assert f"  {name} " in text, name
+    for needle in ("trainer.device=auto|cpu|cuda", "trainer.dry_run=true", "metrics.tsv", "train.log",
+                   "REPRO_CACHE_DIR", "REPRO_OUTPUTS_DIR", "nox -s gpu_e2e", "python -m repro.cluster.ray_reaper"):
+        assert needle in text, needle
+    gate = next(ln for ln in text.splitlines() if "scripts/gpu_e2e.sh" in ln)
+    assert (ROOT / "scripts" / "gpu_e2e.sh").is_file(), gate
+    assert max(len(ln) for ln in text.splitlines()) <= 100  # one terminal screen wide

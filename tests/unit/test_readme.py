@@ -1,4 +1,5 @@
-"""README truth: every command block marked ``<!-- runnable ... -->`` runs and does what it says.
+"""README truth: every command block marked ``<!-- runnable ... -->`` in README.md and docs/*.md
+runs and does what it says, and every file the README names exists.
 
 A marker sits on the line before a ``bash`` fence: ``<!-- runnable -->`` runs the block as it is,
 ``append="X"`` adds ``X`` to each ``python -m repro.main_ppo`` command (the README says so next to
@@ -29,6 +30,7 @@ ATTR = re.compile(r'(\w+)="([^"]*)"')
 
 @dataclass
 class Block:
+    page: str
     line: int
     body: str
     append: str
@@ -41,22 +43,24 @@ class Block:
         return "\n".join(f"{ln} {self.append}" if "-m repro.main_ppo" in ln else ln for ln in joined.splitlines())
 
 
-def runnable_blocks(text: str) -> list[Block]:
+def runnable_blocks(text: str, page: str = "README.md") -> list[Block]:
     blocks = []
     for m in MARKER.finditer(text):
         attrs = dict(ATTR.findall(m.group("attrs")))
         unknown = set(attrs) - {"append", "expect"}
-        assert not unknown, f"README line {text[:m.start()].count(chr(10)) + 1}: unknown marker attribute {unknown}"
-        blocks.append(Block(text[: m.start()].count("\n") + 1, m.group("body"), attrs.get("append", ""),
+        assert not unknown, f"{page} line {text[:m.start()].count(chr(10)) + 1}: unknown marker attribute {unknown}"
+        blocks.append(Block(page, text[: m.start()].count("\n") + 1, m.group("body"), attrs.get("append", ""),
                             attrs.get("expect", "")))
     return blocks
 
 
-BLOCKS = runnable_blocks((ROOT / "README.md").read_text())
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+BLOCKS = [b for page in PAGES for b in runnable_blocks(page.read_text(), page.relative_to(ROOT).as_posix())]
 
 
 def test_the_readme_marks_its_dry_run_example_and_the_gsm8k_commands_runnable():
     assert len(BLOCKS) >= 3
+    assert any(b.page == "README.md" and "trainer.dry_run=true" in b.body for b in BLOCKS)
     assert any("zero_stage=3" in b.body and "trainer.dry_run=true" in b.body for b in BLOCKS)
     assert any("repro.data gsm8k" in b.body for b in BLOCKS)
 
@@ -79,10 +83,19 @@ def _run(block: Block, home: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"README line {b.line}" for b in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"{b.page} line {b.line}" for b in BLOCKS])
 def test_runnable_readme_block_does_what_the_readme_says(block, tmp_path):
     proc = _run(block, tmp_path)
-    assert proc.returncode == 0, f"README line {block.line} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{block.page} line {block.line} exited {proc.returncode}:\n{proc.stderr[-3000:]}"
     assert block.expect in proc.stdout, proc.stdout[-3000:]
     if "trainer.dry_run=true" in block.script():
         json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_every_file_and_page_the_readme_names_exists():
+    text = (ROOT / "README.md").read_text()
+    named = set(re.findall(r"`((?:results|tests|scripts|docs|repro)/[^`*<> ]+)`", text))
+    named |= set(re.findall(r"\]\(((?:docs|results)/[^)#]+)", text))
+    assert len(named) > 20
+    missing = sorted(n for n in named if not (ROOT / n).exists())
+    assert not missing, missing

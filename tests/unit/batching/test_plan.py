@@ -120,6 +120,35 @@ def test_invalid_plans_name_keys_and_suggest_the_nearest_valid_values(p):
                 # Nearest: nothing valid lies strictly between the current value and the suggestion.
                 lo, hi = sorted((current, value))
                 assert not any(batch_rules_hold(replace(p, **{field: v})) for v in range(lo + 1, hi))
+    if err.combination:  # offered only where one key alone cannot fix it, and then it must work whole
+        assert any(not values for values in err.suggestions.values())
+        assert " ".join(f"{k}={v}" for k, v in err.combination.items()) in message
+        assert batch_rules_hold(replace(p, **{_field(k): v for k, v in err.combination.items()}))
+
+
+def test_three_gpus_with_the_tiny_preset_get_a_whole_combination_not_a_circle():
+    # The newcomer's case: 32 x 8 samples on 3 ranks. Neither train batch 30/33 nor mini-batch
+    # 15/18 alone makes a valid plan; the message offers train batch 24 with mini-batch 24.
+    tiny = BatchParams(n_gpus_per_node=3, nnodes=1, sp=1, rollout_n=8, train_batch_size=32,
+                       ppo_mini_batch_size=16, ppo_micro_batch_size_per_gpu=64)
+    with pytest.raises(BatchPlanError) as info:
+        plan_batch(tiny)
+    assert info.value.combination == {"data.train_batch_size": 24, "actor_rollout_ref.actor.ppo_mini_batch_size": 24}
+    assert str(info.value).endswith(
+        "A combination that works: data.train_batch_size=24 actor_rollout_ref.actor.ppo_mini_batch_size=24.")
+    plan_batch(replace(tiny, train_batch_size=24, ppo_mini_batch_size=24))
+    # Where micro 64 cannot divide the rank's mini-batch, the combination changes it too.
+    with pytest.raises(BatchPlanError) as info:
+        plan_batch(replace(tiny, ppo_micro_batch_size_per_gpu=48, n_gpus_per_node=5))
+    combo = info.value.combination
+    assert combo and batch_rules_hold(replace(tiny, n_gpus_per_node=5, ppo_micro_batch_size_per_gpu=48,
+                                              **{_field(k): v for k, v in combo.items()}))
+
+
+def test_a_key_that_alone_fixes_the_plan_gets_no_combination():
+    with pytest.raises(BatchPlanError) as info:
+        plan_batch(replace(PR_ACTOR, ppo_mini_batch_size=33))
+    assert info.value.combination is None
 
 
 def test_mini_batch_33_on_two_gpus_names_the_key_and_nearby_values():

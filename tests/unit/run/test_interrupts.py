@@ -84,3 +84,15 @@ def test_the_hold_after_a_checkpoint_waits_only_at_its_step_and_a_signal_ends_it
         finally:
             signal.signal(signal.SIGALRM, previous)
     assert time.monotonic() - started < 5
+
+
+def test_the_resume_line_names_the_interpreter_that_ran_the_job(tmp_path, monkeypatch):
+    # Under .venv/bin/python a bare "python" may be another interpreter, without repro or torch.
+    venv_python = tmp_path / ".venv" / "bin" / "python"
+    monkeypatch.setattr(interrupts.sys, "executable", str(venv_python))
+    monkeypatch.chdir(tmp_path)
+    assert interrupts.resume_command(["-cn", "grpo_tiny"]) == ".venv/bin/python -m repro.main_ppo -cn grpo_tiny"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert interrupts.resume_command([]) == f"{venv_python} -m repro.main_ppo"

@@ -54,6 +54,26 @@ def test_finished_run_is_not_resumed(outputs):
     assert paths.run_dir != done and paths.resumed_from is None
 
 
+def test_a_rerun_of_a_finished_job_says_where_that_run_is_and_that_this_is_a_new_run(outputs):
+    older, done = outputs / "exp_20260101_000000", outputs / "exp_20260102_000000"
+    for d in (older, done):
+        d.mkdir(parents=True)
+        _checkpoint(d, 4)
+        write_run_state(d, status="finished", last_step=60)
+    paths = choose_run_paths(_cfg())
+    assert paths.previous_finished == done and paths.run_dir not in (older, done)
+    [note] = paths.start_notes()
+    assert f"finished (60 steps) in {done}" in note and f"this is a new run in {paths.run_dir}" in note
+
+
+def test_a_first_run_says_nothing_and_a_resumed_one_says_where_it_continues(outputs):
+    assert choose_run_paths(_cfg()).start_notes() == []
+    run = outputs / "exp_20260102_000000"
+    run.mkdir(parents=True)
+    _checkpoint(run, 2)
+    assert choose_run_paths(_cfg()).start_notes() == [f"resuming in {run} from the step-2 checkpoint"]
+
+
 def test_resume_disabled_always_starts_fresh(outputs):
     run = outputs / "exp_20260102_000000"
     run.mkdir(parents=True)

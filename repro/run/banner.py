@@ -1,0 +1,57 @@
+"""The few lines a run prints about its own setup before its first step (console and train.log).
+
+Without them a ZeRO-2 and a ZeRO-3 run, a LoRA run, an SP run and a remove-padding run look the
+same on the console and in ``train.log``. The lines come from the config (batch split, rollout,
+LoRA, SP, remove-padding) and, for ZeRO stage and offload, from what each rank's DeepSpeed engine
+reports once built (``HybridWorker.engine_setup``): an offload section a stage ignores shows as
+``device``, not as asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from repro.config import RunConfig, critic_enabled, ref_policy_used
+from repro.config.rules import plan_role_batch
+
+_PLACE = {"cpu_offload": "cpu", "device": "device", "none": "none"}
+
+
+def _engine_words(setup: dict[str, Any] | None) -> str:
+    if setup is None:
+        return "no engine (frozen, plain module)"
+    return (f"ZeRO-{setup['stage']}, offload (read back) optimizer={_PLACE.get(setup['optimizer'], setup['optimizer'])}"
+            f" param={_PLACE.get(setup['param'], setup['param'])}")
+
+
+def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
+    section = cfg.critic if role == "critic" else cfg.actor_rollout_ref.actor
+    model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
+    plan = plan_role_batch(cfg, role)
+    split = (f"token budget {plan.max_token_len}/micro-batch" if plan.dynamic
+             else f"micro {plan.micro} x GAS {plan.gas}")
+    words = [_engine_words(setup), f"dp {plan.dp} x sp {plan.sp}", f"{split} per rank",
+             f"{plan.num_mini_batches} mini-batch(es) x {section.ppo_epochs} epoch(s)/step",
+             "remove-padding " + ("on" if model.use_remove_padding else "off")]
+    if role == "actor":
+        words.append(f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off")
+    return f"  {role}: " + ", ".join(words)
+
+
+def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: bool) -> list[str]:
+    """The banner of ``cfg`` given rank 0's ``engine_setup()`` (role -> stage and placement)."""
+    t, arr = cfg.trainer, cfg.actor_rollout_ref
+    world = t.n_gpus_per_node * t.nnodes
+    lines = [f"setup: DeepSpeed engine ({arr.actor.strategy}), {cfg.algorithm.adv_estimator}, "
+             f"{world} {'GPU' if gpu else 'CPU'} rank(s) on {t.nnodes} node(s)"]
+    lines.append(_role_line(cfg, "actor", engines.get("actor")))
+    if ref_policy_used(cfg):
+        ref = ("the actor with its LoRA adapters disabled" if arr.model.lora_rank
+               else _engine_words(engines.get("ref")))
+        lines.append(f"  ref: {ref}")
+    if critic_enabled(cfg):
+        lines.append(_role_line(cfg, "critic", engines.get("critic")))
+    r = arr.rollout
+    lines.append(f"  rollout: {r.name}, {cfg.data.train_batch_size} prompts x n={r.n}, temperature {r.temperature}, "
+                 f"{r.response_length or cfg.data.max_response_length} new tokens")
+    return lines

@@ -1,0 +1,42 @@
+"""The setup banner: runs that differ in ZeRO stage, offload, LoRA, SP or remove-padding print differently."""
+
+from __future__ import annotations
+
+from repro.config.loader import load_config
+from repro.config.presets import preset_overrides
+from repro.run.banner import banner_lines
+
+ZERO2 = {"actor": {"stage": 2, "optimizer": "device", "param": "device"}}
+
+
+def _banner(*overrides: str, engines=ZERO2) -> list[str]:
+    cfg = load_config([*preset_overrides("grpo_tiny"), "trainer.device=cpu", *overrides], config_name="ppo_trainer")
+    return banner_lines(cfg, engines, gpu=False)
+
+
+def test_the_tiny_job_banner_names_engine_stage_offload_split_rollout_and_lora():
+    lines = _banner()
+    assert lines[0] == "setup: DeepSpeed engine (deepspeed), grpo, 2 CPU rank(s) on 1 node(s)"
+    assert lines[1] == ("  actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, "
+                        "micro 64 x GAS 1 per rank, 2 mini-batch(es) x 2 epoch(s)/step, remove-padding off, LoRA off")
+    assert lines[2] == "  rollout: hf, 32 prompts x n=8, temperature 1.0, 12 new tokens"
+
+
+def test_zero3_offload_lora_sp_and_remove_padding_each_change_the_banner():
+    base = _banner()
+    zero3 = _banner("actor_rollout_ref.actor.deepspeed.zero_stage=3", "actor_rollout_ref.actor.deepspeed.offload=cpu",
+                    engines={"actor": {"stage": 3, "optimizer": "cpu_offload", "param": "device"}})
+    assert "ZeRO-3, offload (read back) optimizer=cpu param=device" in zero3[1]
+    lora = _banner("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
+    assert lora[1].endswith("LoRA rank 8 alpha 16")
+    sp = _banner("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2")
+    assert "dp 1 x sp 2, micro 64 x GAS 2 per rank" in sp[1]
+    rmpad = _banner("actor_rollout_ref.model.use_remove_padding=True")
+    assert "remove-padding on" in rmpad[1]
+    assert len({"\n".join(b) for b in (base, zero3, lora, sp, rmpad)}) == 5
+
+
+def test_the_offload_shown_is_the_engines_not_the_configs():
+    # ZeRO-2 with offload=cpu asked, but an engine that kept its optimizer on the device says so.
+    asked = _banner("actor_rollout_ref.actor.deepspeed.offload=cpu")
+    assert "optimizer=device" in asked[1]
