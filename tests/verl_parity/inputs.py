@@ -41,6 +41,8 @@ def whiten_magnitude(x: torch.Tensor, mask: torch.Tensor) -> float:
     divided by std, plus y times the std's relative error (half the variance's, eps n max|x - mean|^2
     / var = eps n max|y|^2): max|x| / std + max|y|^3."""
     v = x[mask.bool()].double()
+    if v.numel() == 0:
+        return 0.0
     std = float(v.std()) if v.numel() > 1 else 1.0
     std = std if std > 0 else 1.0
     y = float((v - v.mean()).abs().max()) / std

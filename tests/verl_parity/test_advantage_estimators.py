@@ -56,7 +56,7 @@ def test_outcome_estimator_matches_verl(name, data, batch, norm, gamma, sparse):
         rows, width = batch.shape
         terms = 2 * int(keep.sum()) + width + rows + 4
         x = ours[1] if name == "reinforce_plus_plus" else rewards.sum(-1, keepdim=True).expand_as(batch.mask)
-        magnitude = whiten_magnitude(x, batch.mask) + float(theirs[0][keep].abs().max(initial=0.0))
+        magnitude = whiten_magnitude(x, batch.mask) + float(theirs[0][keep].abs().amax()) if keep.any() else 0.0
     close(ours[0][keep], theirs[0][keep], terms, magnitude)
     close(ours[1][keep], theirs[1][keep], terms, magnitude)
 

@@ -25,7 +25,7 @@ def _tols(dtype: torch.dtype, x: torch.Tensor, w_lp: torch.Tensor, w_ent: torch.
     |w_lp| + 2 M |w_ent| over T.
     """
     v = x.shape[-1]
-    m = float(x.abs().max()) / temperature + math.log(v)
+    m = float(x.detach().abs().max()) / temperature + math.log(v)
     values = float_tol(v + 4, m, dtype)
     scale = (float(w_lp.abs().max()) + 2 * m * float(w_ent.abs().max())) / temperature
     return values, values * scale
