@@ -1,4 +1,9 @@
-"""Hypothesis-made inputs shared by the verl parity tests, and the tolerance they compare with.
+"""Hypothesis-made inputs shared by the verl parity tests, and how they compare.
+
+Where repro runs verl's arithmetic in verl's order the comparison is bitwise (``close`` with no
+``terms``); where the two sum in different orders (a mean computed as sum / n or with
+``torch.mean``, a whitening's variance, a Python formula regrouped) the tolerance is the error
+model's (``tests/error_model.py``): ``terms`` accumulations at the values' ``magnitude``.
 
 Every batch is ``[B, R]`` with right-padded response masks whose lengths may be 0 (an empty,
 aborted response); ``poison`` fills the positions outside the mask with NaN, +inf or -inf, which
@@ -13,14 +18,35 @@ from dataclasses import dataclass
 import torch
 from hypothesis import strategies as st
 
-ATOL = RTOL = 1e-6
+from tests.error_model import float_tol
 
 
-def close(actual: torch.Tensor | float, expected: torch.Tensor | float) -> None:
-    """Equal within 1e-6 (fp32), NaN where the other is NaN."""
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64),
-                               torch.as_tensor(expected, dtype=torch.float64),
-                               atol=ATOL, rtol=RTOL, equal_nan=True)
+def close(actual: torch.Tensor | float, expected: torch.Tensor | float, terms: int = 0,
+          magnitude: float | None = None, dtype: torch.dtype = torch.float32) -> None:
+    """Bitwise equal (``terms=0``), or within the error model's bound of ``terms`` accumulations in
+    ``dtype`` at ``magnitude`` (default: the largest finite ``|expected|``); NaN where the other is NaN."""
+    expected = torch.as_tensor(expected, dtype=torch.float64)
+    atol = 0.0
+    if terms:
+        if magnitude is None:
+            finite = expected[torch.isfinite(expected)]
+            magnitude = float(finite.abs().max()) if finite.numel() else 0.0
+        atol = float_tol(terms, magnitude, dtype)
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float64), expected,
+                               atol=atol, rtol=0.0, equal_nan=True)
+
+
+def whiten_magnitude(x: torch.Tensor, mask: torch.Tensor) -> float:
+    """Error scale of y = (x - mean) / std over the masked tokens: the mean's error (eps n max|x|)
+    divided by std, plus y times the std's relative error (half the variance's, eps n max|x - mean|^2
+    / var = eps n max|y|^2): max|x| / std + max|y|^3."""
+    v = x[mask.bool()].double()
+    if v.numel() == 0:
+        return 0.0
+    std = float(v.std()) if v.numel() > 1 else 1.0
+    std = std if std > 0 else 1.0
+    y = float((v - v.mean()).abs().max()) / std
+    return float(v.abs().max()) / std + y ** 3
 
 
 @dataclass

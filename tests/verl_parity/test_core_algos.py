@@ -6,6 +6,8 @@ empty (aborted) responses, all-empty batches.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -17,7 +19,14 @@ from verl.workers.config import ActorConfig
 from verl.workers.config.actor import PolicyLossConfig
 
 from repro.rl import algorithms
-from tests.verl_parity.inputs import close, group_index, leaks_into_verl, token_batches, zeroed_padding
+from tests.verl_parity.inputs import (
+    close,
+    group_index,
+    leaks_into_verl,
+    token_batches,
+    whiten_magnitude,
+    zeroed_padding,
+)
 
 LOSS_MODES = list(algorithms.LOSS_AGG_MODES)
 
@@ -35,7 +44,9 @@ def test_masked_sum_and_mean_ignore_anything_outside_the_mask(batch):
 def test_masked_whiten_matches_on_the_unmasked_tokens(batch):
     keep = batch.mask.bool()
     ours = algorithms.masked_whiten(batch.values, batch.mask)
-    close(ours[keep], verl_F.masked_whiten(batch.values, batch.mask)[keep])
+    # the mean and the variance each sum the N unmasked tokens, in another order than verl's
+    close(ours[keep], verl_F.masked_whiten(batch.values, batch.mask)[keep], 2 * int(keep.sum()) + 4,
+          whiten_magnitude(batch.values, batch.mask))
 
 
 # verl's actor/critic ``loss_scale_factor``: seq-mean-token-sum-norm's divisor (None: the padded width).
@@ -89,8 +100,12 @@ def test_gae_advantages_and_returns(batch, gamma, lam):
     ours = algorithms.compute_gae_advantage_return(rewards, values, batch.mask, gamma, lam)
     theirs = core_algos.compute_gae_advantage_return(rewards, values, batch.mask, gamma, lam)
     keep = batch.mask.bool()
-    close(ours[0][keep], theirs[0][keep])
-    close(ours[1][keep], theirs[1][keep])
+    # the backward recursion: three terms a step (r + gamma v' - v, then + gamma lambda A') over
+    # the width, at the largest of the rewards, values and advantages
+    terms = 3 * batch.shape[1] + 2
+    magnitude = max(float(t[keep].abs().max()) for t in (rewards, values, theirs[0], theirs[1]))
+    close(ours[0][keep], theirs[0][keep], terms, magnitude)
+    close(ours[1][keep], theirs[1][keep], terms, magnitude)
 
 
 def _actor_config(low: float, high: float, c: float, mode: str = "vanilla", **extra) -> ActorConfig:
@@ -158,8 +173,12 @@ def test_entropy_and_log_probs_from_logits(seed, rows, vocab, scale):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(rows, 3, vocab, generator=gen) * scale
     labels = torch.randint(0, vocab, (rows, 3), generator=gen)
-    close(algorithms.entropy_from_logits(logits), verl_F.entropy_from_logits(logits))
-    close(algorithms.logprobs_from_logits(logits, labels), verl_F.logprobs_from_logits(logits, labels))
+    # each token's log-sum-exp and entropy sum its vocab terms (plus shift, exp, gather,
+    # subtraction), at max |logit| + log(vocab)
+    terms, magnitude = vocab + 4, float(logits.abs().max()) + math.log(vocab)
+    close(algorithms.entropy_from_logits(logits), verl_F.entropy_from_logits(logits), terms, magnitude)
+    close(algorithms.logprobs_from_logits(logits, labels), verl_F.logprobs_from_logits(logits, labels), terms,
+          magnitude)
 
 
 @pytest.mark.parametrize("kind", ["fixed", "adaptive"])

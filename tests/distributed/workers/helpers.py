@@ -24,6 +24,7 @@ from repro.rl.algorithms import (
     kl_penalty,
 )
 from repro.workers.logprob import token_log_probs
+from tests.error_model import FP32_EPS, decoder_chain, fp32_tol  # noqa: F401 - re-exported to the worker tests
 
 # ZeRO-3 keeps parameters below this many elements unpartitioned; 0 makes the tiny model's
 # parameters really partitioned (as the large ones are on a real model).
@@ -245,14 +246,7 @@ def max_abs_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> floa
 
 
 # ---- Tolerances: an error model, not a number found by trial on one machine ----------------
-# Two fp32 evaluations of the same math that differ only in summation order (matmul blocking,
-# thread count, CPU kernels, packed against padded rows, bucketed all-reduce) are each within
-# n * u * M of the exact value (first-order Higham bound: n terms summed, u = eps / 2, M bounding
-# the summands), so they differ by at most n * eps * M. n is the longest chain of accumulations
-# from the inputs to the compared value; M its magnitude. A worst-case (linear in n) bound: the
-# typical error grows like sqrt(n), so this leaves margin on any CPU without hiding O(1e-3) bugs.
-FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7
-
+# (tests/error_model.py states the model: n * eps * M for two summation orders of the same math.)
 # Parity tests run AdamW with eps = lr. Adam's first step is lr * g / (|g| + eps): with the default
 # eps (1e-8) a gradient of +-1e-12 (a pad position, a head bias: zero but for summation order)
 # becomes a step of up to lr on one path and none on the other, so parameters after a step
@@ -263,23 +257,9 @@ PARITY_ADAM_EPS_PER_LR = 1.0
 ADAM_GAIN = 2.0  # max |d(update)/d(gradient)| per step with eps = lr
 
 
-def toy_chain(seq_len: int) -> int:
-    """Accumulations along the longest path from the toy model's input to a log-prob or value
-    (the backward pass walks the same reductions, transposed)."""
-    c = toy_qwen3_config()
-    per_layer = (
-        2 * c.hidden_size  # the two RMSNorms
-        + c.hidden_size  # q, k, v projections
-        + c.head_dim + seq_len  # attention scores, then the weighted sum of values
-        + c.num_attention_heads * c.head_dim  # o_proj
-        + c.hidden_size + c.intermediate_size  # gate/up, then down
-    )
-    return c.num_hidden_layers * per_layer + 2 * c.hidden_size + c.vocab_size  # final norm, head, log-softmax
-
-
-def fp32_tol(terms: int, magnitude: float) -> float:
-    """Largest difference of two fp32 evaluations of the same math in different summation orders."""
-    return FP32_EPS * terms * max(float(magnitude), 1e-30)
+def toy_chain(seq_len: int, lora_rank: int = 0) -> int:
+    """Accumulations along the longest path from the toy model's input to a log-prob or value."""
+    return decoder_chain(toy_qwen3_config(), seq_len, lora_rank)
 
 
 def forward_tol(seq_len: int, values: torch.Tensor) -> float:

@@ -1,5 +1,7 @@
 """compute_log_prob of the actor and of the frozen reference (ZeRO-3 inference engine or plain
-module) equals a single-process forward, with fixed and token-budget micro-batches."""
+module) equals a single-process forward, with fixed and token-budget micro-batches (fp32; the
+tolerance is the error model's, ``helpers.forward_tol``: the workers' micro-batches, ZeRO-3
+gathers and chunked log-probs sum in another order than one whole-batch forward)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import torch
 from repro.rl.algorithms import entropy_from_logits, logprobs_from_logits
 from tests.distributed.workers.helpers import (
     ZERO3_PARTITION_ALL,
+    forward_tol,
     make_cfg,
     make_model_dir,
     make_step_batch,
@@ -15,6 +18,7 @@ from tests.distributed.workers.helpers import (
 )
 
 SAMPLES = 8
+SEQ = 12  # make_step_batch: prompt 6 + response 6
 
 
 def _log_probs(rank: int, world: int, model_dir: str) -> list[dict]:
@@ -49,5 +53,6 @@ def test_actor_and_reference_log_probs_match_single_process_forward(pooled, tmp_
         want_ent = entropy_from_logits(logits)
         mask = mb["response_mask"].bool()
         for res in results[rank]:
-            assert torch.allclose(res["log_probs"][mask], want_lp[mask], atol=1e-5), res["case"]
-            assert torch.allclose(res["entropy"][mask], want_ent[mask], atol=1e-5), res["case"]
+            for key, want in (("log_probs", want_lp[mask]), ("entropy", want_ent[mask])):
+                diff = (res[key][mask] - want).abs().max().item()
+                assert diff <= forward_tol(SEQ, want), (res["case"], key, diff, forward_tol(SEQ, want))

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.workers import varlen
+from tests.error_model import decoder_chain, float_tol
 
 
 @settings(max_examples=50, deadline=None)
@@ -81,4 +82,7 @@ def test_packed_one_row_forward_through_the_varlen_function_equals_the_padded_ba
     logits = packed_model(input_ids=packed.input_ids, position_ids=packed.position_ids,
                           logits_to_keep=slots.columns).logits
     got = slots.scatter(token_log_probs(logits, packed.next_token[:, slots.columns])[0])
-    assert (got - padded).abs().max().item() < 1e-10
+    # fp64, the same math in two summation orders (per-sample attention of the packed row against
+    # the padded rows' masked attention): tests/error_model.py's bound along the model's chain
+    tol = float_tol(decoder_chain(cfg, p + r), padded.detach().abs().max(), torch.float64)
+    assert (got - padded).abs().max().item() <= tol
