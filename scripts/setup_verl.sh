@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create (once) .venv-verl for the verl parity tests (nox -s verl): torch as in scripts/setup.sh,
-# then verl 0.9.1 and exactly the packages in constraints/verl.txt, --no-deps (verl's own
+# then verl 0.9.1, DeepSpeed (for repro's verl engine) and exactly the packages in constraints/verl.txt, --no-deps (verl's own
 # requirements pull vLLM-era pins and GPU stacks that its RL math never imports).
 # Skips the install when constraints/verl.txt and this script are unchanged since the last build.
 # Exits 75 after one line saying so when the package index cannot be reached (nothing built).
@@ -27,7 +27,11 @@ pip=("$venv/bin/python" -m pip)
 if ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
   "${pip[@]}" install -q "torch==2.13.0"
 fi
-"${pip[@]}" install -q --no-deps -r constraints/verl.txt
+# DeepSpeed comes as an sdist: DS_BUILD_OPS=0 builds it without compiling any op (the CPU tests use
+# DeepSpeed's torch Adam and gloo, see repro/cluster/process_group.py).
+DS_BUILD_OPS=0 "${pip[@]}" install -q --no-deps -r constraints/verl.txt
 "$venv/bin/python" -W ignore -c "import verl.trainer.ppo.core_algos, verl.trainer.ppo.metric_utils, verl.trainer.ppo.ray_trainer, verl.utils.reward_score.gsm8k"
+# repro's verl engine (this checkout on the path, as nox -s verl runs it): the plugin imports and registers.
+DS_ACCELERATOR=cpu PYTHONPATH="$PWD" "$venv/bin/python" -W ignore -c "import repro.integrations.verl.plugin, deepspeed"
 echo "$stamp_src" > "$venv/.repro-setup"
 "$venv/bin/python" -c 'import torch, transformers, verl; print(f"setup_verl: verl {verl.__version__}, torch {torch.__version__}, transformers {transformers.__version__}")'

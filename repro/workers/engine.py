@@ -156,6 +156,7 @@ class RoleEngine:
         grad_clip: float,
         ds_overrides: dict[str, Any] | None = None,
         mpu: Any = None,
+        caller_steps_lr: bool = False,
     ) -> None:
         import deepspeed
 
@@ -171,6 +172,11 @@ class RoleEngine:
                             model_size=model_size_of(module) if ds.zero3_size_aware else None),
             ds_overrides,
         )
+        # verl's engine API steps the LR schedule itself (once per RL step, lr_scheduler_step);
+        # DeepSpeed would step one it owns on every optimizer step. Same schedule, other owner.
+        schedule = self.ds_config.pop("scheduler", None) if caller_steps_lr else None
+        self.lr_scheduler: Any = None
+        """The schedule the caller steps (``caller_steps_lr``); None: DeepSpeed's own, or a constant LR."""
         self.device = default_device()
         self.loaded_step: int | None = None
         """Step of the checkpoint this process loaded (never pruned by a later save)."""
@@ -190,6 +196,11 @@ class RoleEngine:
             self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config,
                                                         mpu=mpu)
             self.module = self.engine.module
+            if schedule is not None:
+                from deepspeed.runtime import lr_schedules
+
+                self.lr_scheduler = getattr(lr_schedules, schedule["type"])(self.engine.optimizer,
+                                                                            **schedule["params"])
         elif ds.zero_stage == 3:
             module.requires_grad_(False)
             self.engine, _, _, _ = deepspeed.initialize(model=module, config=self.ds_config, mpu=mpu)
@@ -219,29 +230,47 @@ class RoleEngine:
         is rank-local, so in data parallel it desynchronises the ranks' collectives.
         """
         assert self.trainable, "train_mini_batch on a frozen role"
-        engine = self.engine
         run = [i for i in range(len(micro_batches)) if not (inactive and inactive[i])]
         lr = self.current_lr()
         if not run:
             return StepResult(grad_norm=float("nan"), lr=lr, skipped=True, micro_batches_skipped=len(micro_batches))
-        self.module.train()
-        skipped_before = engine.skipped_steps
+        self.begin_update()
         stats = []
         for i in run:
-            # Set on every micro-batch: the count may differ from DeepSpeed's nominal GAS.
-            engine.set_gradient_accumulation_boundary(i == run[-1])
+            self.start_micro(last=i == run[-1])
             loss, micro_stats = loss_fn(micro_batches[i])
-            engine.backward(loss, scale_wrt_gas=False)
+            self.backward_micro(loss, last=i == run[-1])
             stats.append(micro_stats)
-            if i == run[-1] and self.before_step is not None:
-                self.before_step(self)
-            if self.step_each_micro:
-                engine.step()
+        grad_norm, skipped = self.end_update()
+        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, stats=stats,
+                          micro_batches_skipped=len(micro_batches) - len(run))
+
+    # ---- the parts of one update (train_mini_batch, and verl's engine API: repro.integrations.verl) ----
+    def begin_update(self) -> None:
+        """Start a mini-batch update: train mode, and the skip counter its outcome is read against."""
+        self.module.train()
+        self._skipped_before = self.engine.skipped_steps
+
+    def start_micro(self, *, last: bool) -> None:
+        """Before a micro-batch's forward: whether its backward ends the accumulation."""
+        # Set on every micro-batch: the count may differ from DeepSpeed's nominal GAS.
+        self.engine.set_gradient_accumulation_boundary(last)
+
+    def backward_micro(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Backward of one micro-batch's (globally normalised) loss, after :meth:`start_micro`."""
+        self.engine.backward(loss, scale_wrt_gas=False)
+        if last and self.before_step is not None:
+            self.before_step(self)
+        if self.step_each_micro:
+            self.engine.step()
+
+    def end_update(self) -> tuple[float, bool]:
+        """The optimizer step (unless stepped per micro-batch); ``(grad_norm, skipped)``."""
+        engine = self.engine
         if not self.step_each_micro:
             engine.step()
         self.module.eval()
         norm = engine.get_global_grad_norm()
         grad_norm = float(norm.item() if torch.is_tensor(norm) else norm) if norm is not None else float("nan")
-        skipped = engine.skipped_steps > skipped_before or not math.isfinite(grad_norm)
-        return StepResult(grad_norm=grad_norm, lr=lr, skipped=skipped, stats=stats,
-                          micro_batches_skipped=len(micro_batches) - len(run))
+        skipped = engine.skipped_steps > self._skipped_before or not math.isfinite(grad_norm)
+        return grad_norm, skipped

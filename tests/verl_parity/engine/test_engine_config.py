@@ -1,0 +1,135 @@
+"""The verl side of the DeepSpeed engine without ranks: plugin loading, Hydra composition, config errors.
+
+- the ``verl.plugins`` entry point declared in pyproject.toml, loaded by verl's own loader on
+  ``import verl`` (a throwaway dist-info carries the declaration; nothing is pip-installed);
+- ``model_engine=deepspeed`` composed by verl's trainer config (``ppo_trainer``) with repro's
+  search path, instantiated into the engine's dataclasses for actor, ref (as verl's worker
+  rewrites it) and critic;
+- unknown, invalid and contradictory keys: one line naming the key and the valid choices;
+- the env knobs mean what they mean in repro (same resolver).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
+
+
+def test_entry_point_registers_the_engine_when_verl_is_imported(tmp_path: pathlib.Path) -> None:
+    eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["verl.plugins"]
+    dist = tmp_path / "repro_probe-0.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: repro-probe\nVersion: 0.0\n")
+    (dist / "entry_points.txt").write_text("[verl.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+    probe = ("import verl\nfrom verl.workers.engine import EngineRegistry as R\n"
+             "print(R.get_engine_cls('language_model', 'deepspeed').__name__, "
+             "R.get_engine_cls('value_model', 'deepspeed').__name__)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "DS_ACCELERATOR": "cpu",
+           "VERL_USE_EXTERNAL_PLUGINS": "auto"}
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["DeepSpeedEngine", "DeepSpeedValueEngine"], out.stdout
+
+
+def _compose(*overrides: str):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="verl.trainer.config", version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[
+            "model_engine=deepspeed", SEARCHPATH, "actor_rollout_ref.model.path=/nonexistent",
+            "critic.model.path=/nonexistent", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "critic.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2",
+            *overrides])
+
+
+def _ref_as_verl_worker_builds_it(cfg):
+    """verl's ActorRolloutRefWorker.init_model renames the ref's log_prob_* keys before instantiating."""
+    from omegaconf import open_dict
+
+    ref = cfg.actor_rollout_ref.ref
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref
+
+
+def test_model_engine_deepspeed_composes_actor_ref_and_critic() -> None:
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from repro.integrations.verl.config import (
+        DeepSpeedActorConfig,
+        DeepSpeedCriticConfig,
+        DeepSpeedEngineConfig,
+        DeepSpeedOptimizerConfig,
+    )
+
+    cfg = _compose("actor_rollout_ref.actor.deepspeed.zero_stage=3", "actor_rollout_ref.actor.deepspeed.offload=cpu",
+                   "critic.deepspeed.zero_stage=1", "actor_rollout_ref.actor.optim.lr=3e-6")
+    actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+    assert isinstance(actor, DeepSpeedActorConfig) and isinstance(actor.engine, DeepSpeedEngineConfig)
+    assert (actor.engine.zero_stage, actor.engine.offload, actor.engine.forward_only) == (3, "cpu", False)
+    assert isinstance(actor.optim, DeepSpeedOptimizerConfig) and actor.optim.lr == 3e-6
+    ref = omega_conf_to_dataclass(_ref_as_verl_worker_builds_it(cfg))
+    assert isinstance(ref, DeepSpeedActorConfig)
+    assert (ref.engine.zero_stage, ref.engine.forward_only) == (3, True)  # follows the actor's stage
+    from omegaconf import open_dict
+
+    with open_dict(cfg.critic):  # verl's HFModelConfig of the critic would load /nonexistent: not ours to test
+        cfg.critic.model = None
+    critic = omega_conf_to_dataclass(cfg.critic)
+    assert isinstance(critic, DeepSpeedCriticConfig) and critic.engine.zero_stage == 1
+
+
+@pytest.mark.parametrize("override,message", [
+    ("+actor_rollout_ref.actor.deepspeed.zero_stagee=1",
+     "deepspeed.zero_stagee is not a key of the DeepSpeed engine; choose from ["),
+    ("actor_rollout_ref.actor.deepspeed.zero_stage=4", "deepspeed.zero_stage=4 is not valid; choose one of [1, 2, 3]"),
+    ("actor_rollout_ref.actor.deepspeed.offload=gpu",
+     "deepspeed.offload='gpu' is not valid; choose one of ['none', 'cpu', 'nvme', 'auto']"),
+    ("actor_rollout_ref.actor.deepspeed.optimizer_offload=true",
+     "deepspeed.optimizer_offload=True contradicts deepspeed.offload='none'"),
+    ("actor_rollout_ref.actor.deepspeed.offload=nvme", "offload=nvme needs deepspeed.zero_stage=3"),
+    ("actor_rollout_ref.actor.optim.lr_scheduler_type=polynomial",
+     "optim.lr_scheduler_type='polynomial' is not valid for the DeepSpeed engine; choose one of"),
+])
+def test_bad_key_is_one_clear_line(override: str, message: str) -> None:
+    from verl.utils.config import omega_conf_to_dataclass
+
+    with pytest.raises(Exception) as err:
+        omega_conf_to_dataclass(_compose(override).actor_rollout_ref.actor)
+    text = str(err.value)
+    assert message in text, text
+
+
+def test_env_knobs_mean_what_they_mean_in_repro(monkeypatch: pytest.MonkeyPatch) -> None:
+    from repro.integrations.verl.config import DeepSpeedEngineConfig
+    from repro.integrations.verl.engine import DeepSpeedEngine
+
+    monkeypatch.setenv("VERL_ENABLE_PARAM_OFFLOAD", "1")
+    monkeypatch.setenv("VERL_DS_ZERO2_STEP_EACH_MICRO", "1")
+    monkeypatch.setenv("VERL_DS_ZERO2_FP32_ACCUM_PATCH", "1")
+    z3 = DeepSpeedEngine(None, DeepSpeedEngineConfig(zero_stage=3, offload="cpu"), optimizer_config=object())
+    assert (z3.ds.param_offload, z3.ds.step_each_micro, z3.ds.fp32_grad_accum) == (True, True, True)
+    assert z3.is_param_offload_enabled and z3.is_optimizer_offload_enabled
+    # Stage-aware: below ZeRO-3 the param-offload knob offloads nothing but the optimizer states.
+    z2 = DeepSpeedEngine(None, DeepSpeedEngineConfig(zero_stage=2, offload="cpu"), optimizer_config=object())
+    assert not z2.is_param_offload_enabled and z2.is_optimizer_offload_enabled
+    # An explicit key beats the environment, as in repro.
+    off = DeepSpeedEngine(None, DeepSpeedEngineConfig(zero_stage=3, offload="cpu", param_offload=False),
+                          optimizer_config=object())
+    assert not off.is_param_offload_enabled
+    monkeypatch.setenv("VERL_ENABLE_PARAM_OFFLOAD", "yes")
+    with pytest.raises(ValueError, match="VERL_ENABLE_PARAM_OFFLOAD='yes' must be 0 or 1"):
+        DeepSpeedEngineConfig(zero_stage=3)

@@ -1,0 +1,249 @@
+"""repro's DeepSpeed engine through verl's engine API = repro's own workers = a one-process reference.
+
+2 gloo ranks, fp32, tiny Qwen3, 3 RL steps of one mini-batch each (see ``harness`` for the error
+model behind ``TOL``). One rank run (importing verl's engine package costs ~20 s a process on
+2 busy cores, so the run is shared by the module) trains, at each ZeRO stage: the actor and the
+critic with fixed micro-batches, the actor with ``use_dynamic_bsz``, and a LoRA actor, each with
+the engine and with repro's own worker; at ZeRO-2 also the padded forward
+(``use_remove_padding=False``), ``step_each_micro`` (DeepSpeed stepped after every micro-batch), and two
+deliberately broken engines that must fail the same check; a forward-only reference engine per
+stage; verl's own FSDP2 engine; and last, Ulysses (sp=2).
+The engine's numbers are: per-step loss (the ranks' mean of their micro-batch losses, which verl's
+losses normalise by the global token count times dp), DeepSpeed's grad norm, the full step-1
+gradient (read just before DeepSpeed's step), and the final parameters of its rollout export
+(``get_per_tensor_param``). The actor runs also save a checkpoint after step 2, which
+``test_engine_checkpoint`` resumes in fresh processes.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from tests.distributed.workers.helpers import make_model_dir
+from tests.verl_parity.engine import harness as h
+
+STAGES = (1, 2, 3)
+CASES = {
+    "actor": {"role": "actor"},
+    "critic": {"role": "critic"},
+    "actor_dynamic": {"role": "actor", "dynamic": True},
+    "actor_lora": {"role": "actor", "lora_rank": 4},
+    "actor_padded": {"role": "actor", "remove_padding": False},
+    "actor_step_each_micro": {"role": "actor", "step_each_micro": True},
+}
+ONLY_AT_ZERO2 = ("actor_padded", "actor_step_each_micro")
+# repro's own workers run every case they have a config for (the padded forward is the engine's own;
+# step_each_micro is VERL_DS_ZERO2_STEP_EACH_MICRO's key: the same update, stepped after every micro-batch).
+WORKERLESS = ("actor_padded", "actor_step_each_micro")
+# The checks must catch these (see _broken_loss): both at ZeRO-2 on the fixed-size actor.
+BROKEN = ("double_division", "rank_local_skip")
+CHECKPOINTED = ("actor", "actor_lora")
+
+
+def _cases(stage: int) -> list[str]:
+    return [c for c in CASES if stage == 2 or c not in ONLY_AT_ZERO2]
+
+
+def _engine_kw(case: dict) -> dict:
+    return {k: case[k] for k in ("dynamic", "lora_rank", "remove_padding", "step_each_micro") if k in case}
+
+
+def _broken_loss(kind: str, loss_fn, rank: int):
+    """verl's loss, broken the way repro's seed was (double division by dp) or as a rank that
+    drops its first micro-batch's contribution while still joining every collective."""
+    calls = {"n": 0}
+
+    def broken(**kw):
+        loss, metrics = loss_fn(**kw)
+        calls["n"] += 1
+        if kind == "double_division":
+            return loss / kw["data"]["dp_size"], metrics
+        return (loss * 0.0 if rank == 1 and calls["n"] % 2 == 1 else loss), metrics
+
+    return broken
+
+
+def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
+    import time
+
+    from repro.workers.actor import ActorWorker
+    from repro.workers.critic import CriticWorker
+
+    out: dict = {}
+    for stage in STAGES:
+        for name in _cases(stage) + ([f"broken_{b}" for b in BROKEN] if stage == 2 else []):
+            t0 = time.perf_counter()
+            case = CASES.get(name, CASES["actor"])
+            engine, loss_fn = h.new_engine(model_dir, stage, case["role"], **_engine_kw(case))
+            if name.startswith("broken_"):
+                loss_fn = _broken_loss(name[len("broken_"):], loss_fn, rank)
+            init = h.full_params(engine)
+            grads: dict = {}
+            h.capture_grads(engine, grads)
+            save = (2, f"{ckpt_root}/{name}_zero{stage}") if name in CHECKPOINTED and stage > 1 else None
+            steps = h.engine_steps(engine, loss_fn, rank, world, remove_padding=case.get("remove_padding", True),
+                                   save=save)
+            result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine)}
+            if name == "actor_lora":  # the LoRA reference: the trained actor with its adapters off
+                result["infer"] = h.infer_log_probs(engine, rank, world)
+                result["infer_base"] = h.infer_log_probs(engine, rank, world, base=True)
+            del engine
+            t1 = time.perf_counter()
+            if name in CASES and name not in WORKERLESS:
+                cfg = h.run_cfg(model_dir, world, stage, dynamic=case.get("dynamic", False),
+                                lora_rank=case.get("lora_rank", 0))
+                worker = CriticWorker(cfg) if case["role"] == "critic" else ActorWorker(cfg)
+                result["worker"] = {"steps": h.worker_steps(worker, case["role"], rank, world),
+                                    "final": h.full_params(worker)}
+                del worker
+            out[(stage, name)] = result
+            print(f"ZeRO-{stage} {name}: engine {t1 - t0:.1f} s, worker {time.perf_counter() - t1:.1f} s", flush=True)
+        # The reference policy: a forward-only engine (ZeRO-3: a DeepSpeed inference engine; else a module).
+        ref, _ = h.new_engine(model_dir, stage, "actor", forward_only=True)
+        out[(stage, "ref")] = {"infer": h.infer_log_probs(ref, rank, world)}
+        del ref
+    t0 = time.perf_counter()
+    engine, loss_fn = h.new_fsdp2_engine(model_dir)
+    out[("fsdp2", "actor")] = {"steps": h.engine_steps(engine, loss_fn, rank, world), "final": h.full_params(engine)}
+    print(f"verl FSDP2 actor: {time.perf_counter() - t0:.1f} s", flush=True)
+    # Last: Ulysses sets process-wide sequence-parallel groups that no later engine should see.
+    engine, loss_fn = h.new_engine(model_dir, 2, "actor", sp=2)
+    grads: dict = {}
+    h.capture_grads(engine, grads)
+    out[(2, "actor_ulysses")] = {"init": h.full_params(engine), "steps": h.engine_steps(engine, loss_fn, rank, world),
+                                 "grads": grads, "final": h.full_params(engine)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    from tests.multirank import run_ranks
+
+    root = tmp_path_factory.mktemp("engine_parity")
+    model_dir = make_model_dir(root / "model")
+    results = run_ranks(_train, 2, tmp_path=root, timeout_s=900, args=(model_dir, str(root / "ckpt")))
+    return {"model_dir": model_dir, "ckpt": root / "ckpt", "ranks": results}
+
+
+def _mean_over_ranks(ranks: list[dict]) -> list[dict]:
+    return [{"loss": sum(r["steps"][i]["loss"] for r in ranks) / len(ranks), "grad_norm": ranks[0]["steps"][i]["grad_norm"]}
+            for i in range(h.STEPS)]
+
+
+# One reference run per case: it is the same at every stage (same data, same initial weights).
+_REFERENCE_RUNS: dict = {}
+
+
+def check_case(ranks: list[dict], name: str, model_dir: str, case_name: str | None = None) -> None:
+    """Every comparison of one engine run (AssertionError naming the first mismatch).
+
+    ``case_name``: the configuration the run claims to be (a broken run claims ``actor``).
+    """
+    case_name = case_name or name
+    case = CASES[case_name]
+    for r in ranks[1:]:  # DeepSpeed's grad norm and the rollout export are global: ranks agree bitwise
+        assert [s["grad_norm"] for s in r["steps"]] == [s["grad_norm"] for s in ranks[0]["steps"]], name
+        h.assert_params_close(f"{name} rank parity", r["final"], ranks[0]["final"], tol=0.0)
+    key = (model_dir, case_name)
+    if key not in _REFERENCE_RUNS:
+        cfg = h.run_cfg(model_dir, 2, 2, dynamic=case.get("dynamic", False), lora_rank=case.get("lora_rank", 0))
+        _REFERENCE_RUNS[key] = h.reference_run(cfg, case["role"], ranks[0]["init"], lora_rank=case.get("lora_rank", 0))
+    want_steps, want_grads, want_final = _REFERENCE_RUNS[key]
+    h.assert_steps_close(f"{name} engine vs reference", _mean_over_ranks(ranks), want_steps)
+    got_grads = ranks[0]["grads"]
+    h.assert_params_close(f"{name} engine vs reference step-1 gradient", got_grads,
+                          {k: v for k, v in want_grads.items() if k in got_grads} if case.get("lora_rank") else want_grads)
+    h.assert_params_close(f"{name} engine vs reference parameters", ranks[0]["final"], want_final)
+    if "worker" in ranks[0]:
+        worker = ranks[0]["worker"]
+        for i, (g, w) in enumerate(zip(ranks[0]["steps"], worker["steps"], strict=True)):
+            h.assert_close(f"{name} engine vs repro worker step {i + 1} grad_norm", g["grad_norm"], w["grad_norm"])
+        h.assert_params_close(f"{name} engine vs repro worker parameters", ranks[0]["final"], worker["final"])
+
+
+@pytest.mark.parametrize("stage,name", [(s, c) for s in STAGES for c in _cases(s)])
+def test_engine_matches_workers_and_reference(trained: dict, stage: int, name: str) -> None:
+    check_case([r[(stage, name)] for r in trained["ranks"]], name, trained["model_dir"])
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_infer_batch_reference_and_disable_adapter(trained: dict, stage: int) -> None:
+    """verl's log-prob path (eval_mode + infer_batch, no loss): a forward-only engine (the reference
+    policy) and a trained LoRA actor under ``disable_adapter`` both give the untrained model's
+    log-probs (TOL); with its adapters on, the trained LoRA actor does not."""
+    want = h.reference_log_probs(trained["model_dir"])
+    for rank, r in enumerate(trained["ranks"]):
+        mine = want.chunk(2)[rank]  # the contiguous share ``shard`` gives each rank
+        for label, got in (("ref engine", r[(stage, "ref")]["infer"]),
+                           ("LoRA actor, adapters off", r[(stage, "actor_lora")]["infer_base"])):
+            diff = float((got - mine).abs().max())
+            assert diff <= h.TOL, f"ZeRO-{stage} rank {rank} {label}: log-probs differ by {diff:.3g}"
+        moved = float((r[(stage, "actor_lora")]["infer"] - mine).abs().max())
+        assert moved > 1e-4, f"ZeRO-{stage}: the trained adapters do not change the log-probs ({moved:.3g})"
+
+
+def test_ulysses_engine_matches_the_reference(trained: dict) -> None:
+    """ZeRO-2 with a Ulysses group of both ranks (sp=2, dp=1): each rank forwards half of every
+    packed row; the same numbers as the reference (the ranks' mean loss is the whole loss here)."""
+    ranks = [r[(2, "actor_ulysses")] for r in trained["ranks"]]
+    assert [s["grad_norm"] for s in ranks[1]["steps"]] == [None] * h.STEPS  # verl: outputs on sp rank 0 only
+    h.assert_params_close("Ulysses rank parity", ranks[1]["final"], ranks[0]["final"], tol=0.0)
+    check_case(ranks[:1], "actor_ulysses", trained["model_dir"], case_name="actor")
+
+
+def test_verl_fsdp2_engine_matches_the_reference_and_the_deepspeed_engine(trained: dict) -> None:
+    """verl's own FSDP2 engine, same actor run on the same CPU ranks: the same numbers within TOL.
+
+    Its log-probs are verl's ``logprobs_from_logits`` (not repro's chunked ones) and its gradient
+    reduction is FSDP2's reduce-scatter: summation order only, inside the same error model.
+    """
+    fsdp = [dict(r[("fsdp2", "actor")]) for r in trained["ranks"]]
+    h.assert_params_close("FSDP2 rank parity", fsdp[1]["final"], fsdp[0]["final"], tol=0.0)
+    # The tiny Qwen3 ties its LM head to the embedding: FSDP's state_dict lists the tied name too.
+    final = dict(fsdp[0]["final"])
+    tied = final.pop("lm_head.weight")
+    assert bool((tied == final["model.embed_tokens.weight"]).all())
+    fsdp[0]["final"] = final
+    check_case([r[(2, "actor")] for r in trained["ranks"]], "actor", trained["model_dir"])  # fills the reference
+    want_steps, _, want_final = _REFERENCE_RUNS[(trained["model_dir"], "actor")]
+    h.assert_steps_close("verl FSDP2 vs reference", _mean_over_ranks(fsdp), want_steps)
+    h.assert_params_close("verl FSDP2 vs reference parameters", fsdp[0]["final"], want_final)
+    for stage in STAGES:
+        ds = [r[(stage, "actor")] for r in trained["ranks"]]
+        h.assert_steps_close(f"verl FSDP2 vs DeepSpeed ZeRO-{stage}", _mean_over_ranks(fsdp), _mean_over_ranks(ds))
+        h.assert_params_close(f"verl FSDP2 vs DeepSpeed ZeRO-{stage} parameters", fsdp[0]["final"], ds[0]["final"])
+
+
+@pytest.mark.parametrize("kind", BROKEN)
+def test_broken_engine_fails_the_check(trained: dict, kind: str) -> None:
+    """The same check on a deliberately broken engine run must fail (so the check can fail)."""
+    ranks = [r[(2, f"broken_{kind}")] for r in trained["ranks"]]
+    with pytest.raises(AssertionError, match="engine vs reference"):
+        check_case(ranks, f"broken_{kind}", trained["model_dir"], case_name="actor")
+
+
+def _resume(rank: int, world: int, model_dir: str, ckpt_root: str, stage: int, name: str) -> dict:
+    case = CASES[name]
+    engine, loss_fn = h.new_engine(model_dir, stage, case["role"], **_engine_kw(case))
+    engine.load_checkpoint(f"{ckpt_root}/{name}_zero{stage}")
+    steps = h.engine_steps(engine, loss_fn, rank, world, steps=range(2, h.STEPS))
+    return {"steps": steps, "final": h.full_params(engine)}
+
+
+def _resume_all(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
+    return {(s, n): _resume(rank, world, model_dir, ckpt_root, s, n) for s in (2, 3) for n in CHECKPOINTED}
+
+
+def test_engine_checkpoint_resumes_bitwise(trained: dict, tmp_path: pathlib.Path) -> None:
+    """save_checkpoint after step 2 (in the parity run), load in fresh processes: step 3 is bitwise the same."""
+    from tests.multirank import run_ranks
+
+    resumed = run_ranks(_resume_all, 2, tmp_path=tmp_path, timeout_s=600,
+                        args=(trained["model_dir"], str(trained["ckpt"])))
+    for key in resumed[0]:
+        for rank, got in enumerate(resumed):
+            want = trained["ranks"][rank][key]
+            assert got[key]["steps"] == want["steps"][2:], (key, rank, got[key]["steps"], want["steps"][2:])
+            h.assert_params_close(f"{key} resumed step 3", got[key]["final"], want["final"], tol=0.0)
