@@ -162,7 +162,10 @@ class DeepSpeedEngine(BaseEngine):
         group = self.get_data_parallel_group()
         tu.assign_non_tensor(data, sp_size=self.sp)
         keep_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
-        tokens = data["loss_mask"].sum().to(torch.float64 if self.role.device.type == "cpu" else torch.float32)
+        # On the engine's device whatever the batch's: NCCL reduces CUDA tensors only (verl's worker
+        # may hand over a batch still on the CPU; the micro-batches move below).
+        dtype = torch.float64 if self.role.device.type == "cpu" else torch.float32
+        tokens = data["loss_mask"].sum().to(device=self.role.device, dtype=dtype)
         dist.all_reduce(tokens, group=group)
         tu.assign_non_tensor(data, batch_num_tokens=tokens.item(), dp_size=self.get_data_parallel_size())
         micro_batches, indices = prepare_micro_batches(data=data, dp_group=group, same_micro_num_in_dp=True)

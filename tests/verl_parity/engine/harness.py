@@ -44,13 +44,18 @@ LORA_TARGETS = ["q_proj", "v_proj"]
 """Two adapted projections per layer: the LoRA path whole, at a fraction of all-linear's ZeRO-3 hooks."""
 
 
-def run_cfg(model_dir: str, world: int, stage: int, *, dynamic: bool = False, lora_rank: int = 0):
+def run_cfg(model_dir: str, world: int, stage: int, *, dynamic: bool = False, lora_rank: int = 0,
+            cosine: bool = False, offload: bool = False):
     """repro's RunConfig of the same run (the workers' and the Reference's)."""
     cfg = make_cfg(model_dir, world=world, stage=stage, micro=MICRO, mini=SAMPLES // 2, dynamic=dynamic,
-                   max_tokens=MAX_TOKENS, lr=LR, use_kl_loss=True)
+                   max_tokens=MAX_TOKENS, lr=LR, use_kl_loss=True, offload="cpu" if offload else "none",
+                   param_offload=offload and stage == 3)
     cfg.trainer.seed = SEED
     for section in (cfg.actor_rollout_ref.actor, cfg.critic):
         section.optim.eps = EPS
+        if cosine:
+            section.optim.warmup_style, section.optim.lr_warmup_steps = "cosine", 1
+            section.optim.total_training_steps, section.optim.min_lr_ratio = STEPS, 0.1
     cfg.actor_rollout_ref.model.lora_rank = lora_rank
     cfg.actor_rollout_ref.model.lora_alpha = 8
     cfg.actor_rollout_ref.model.target_modules = LORA_TARGETS
@@ -59,7 +64,8 @@ def run_cfg(model_dir: str, world: int, stage: int, *, dynamic: bool = False, lo
 
 def verl_configs(model_dir: str, stage: int, role: str, *, dynamic: bool = False, lora_rank: int = 0,
                  remove_padding: bool = True, forward_only: bool = False,
-                 step_each_micro: bool | None = None, sp: int = 1) -> tuple[Any, Any]:
+                 step_each_micro: bool | None = None, sp: int = 1, cosine: bool = False,
+                 offload: bool = False) -> tuple[Any, Any]:
     """(role config, model config) as verl's trainer would build them for ``model_engine=deepspeed``."""
     from verl.workers.config import HFModelConfig
 
@@ -74,8 +80,11 @@ def verl_configs(model_dir: str, stage: int, role: str, *, dynamic: bool = False
                                use_dynamic_bsz=dynamic, max_token_len_per_gpu=MAX_TOKENS,
                                micro_batch_size_per_gpu=MICRO, use_remove_padding=remove_padding,
                                forward_only=forward_only, step_each_micro=step_each_micro,
-                               ulysses_sequence_parallel_size=sp)
-    optim = DeepSpeedOptimizerConfig(lr=LR, eps=EPS, weight_decay=0.01, clip_grad=1.0)
+                               ulysses_sequence_parallel_size=sp, offload="cpu" if offload else "none",
+                               param_offload=offload and stage == 3)
+    schedule = dict(lr_scheduler_type="cosine", lr_warmup_steps=1, total_training_steps=STEPS,
+                    min_lr_ratio=0.1) if cosine else {}
+    optim = DeepSpeedOptimizerConfig(lr=LR, eps=EPS, weight_decay=0.01, clip_grad=1.0, **schedule)
     common = dict(ppo_mini_batch_size=SAMPLES, use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=MAX_TOKENS,
                   ppo_micro_batch_size_per_gpu=None if dynamic else MICRO, loss_agg_mode="token-mean",
                   optim=optim, deepspeed=ds, shuffle=False)
@@ -151,12 +160,13 @@ def engine_steps(engine: Any, loss_fn: Any, rank: int, world: int, *, remove_pad
     for step in steps:
         td = to_tensordict(shard(make_step_batch(100 + step, SAMPLES), dp_rank, dp), engine.engine_config,
                            remove_padding=remove_padding)
+        lr = engine.role.current_lr() if hasattr(engine, "role") else None  # the LR of this step's update
         with engine.train_mode():
             result = engine.train_batch(td, loss_function=loss_fn)
         engine.lr_scheduler_step()
         # verl reports the grad norm on the first rank of a Ulysses group only (is_mp_src_rank_with_outputs).
         norm = result["metrics"].get("grad_norm")
-        out.append({"loss": float(sum(result["loss"])), "grad_norm": None if norm is None else float(norm)})
+        out.append({"loss": float(sum(result["loss"])), "grad_norm": None if norm is None else float(norm), "lr": lr})
         if save is not None and step + 1 == save[0]:
             engine.save_checkpoint(save[1], global_step=save[0])
     return out
@@ -209,7 +219,7 @@ def worker_steps(worker: Any, role: str, rank: int, world: int) -> list[dict]:
         m = worker.update_policy(batch) if role != "critic" else worker.update_critic(batch)
         key = "critic" if role == "critic" else "actor"
         out.append({"loss": m[f"{key}/vf_loss" if role == "critic" else f"{key}/pg_loss"],
-                    "grad_norm": m[f"{key}/grad_norm"]})
+                    "grad_norm": m[f"{key}/grad_norm"], "lr": m[f"{key}/lr"]})
     return out
 
 

@@ -30,24 +30,32 @@ CASES = {
     "critic": {"role": "critic"},
     "actor_dynamic": {"role": "actor", "dynamic": True},
     "actor_lora": {"role": "actor", "lora_rank": 4},
+    # offload=cpu: optimizer states on the CPU; at ZeRO-3 the parameters too (param_offload).
+    "actor_offload": {"role": "actor", "offload": True},
     "actor_padded": {"role": "actor", "remove_padding": False},
     "actor_step_each_micro": {"role": "actor", "step_each_micro": True},
+    # verl steps the schedule (lr_scheduler_step); repro's worker lets DeepSpeed step it: same LRs.
+    "actor_cosine": {"role": "actor", "cosine": True},
 }
-ONLY_AT_ZERO2 = ("actor_padded", "actor_step_each_micro")
+ONLY_AT_ZERO2 = ("actor_padded", "actor_step_each_micro", "actor_cosine")
+ONLY_AT_ZERO23 = ("actor_offload",)
+# Compared with repro's worker only (the reference's AdamW runs at a constant LR).
+REFERENCELESS = ("actor_cosine",)
 # repro's own workers run every case they have a config for (the padded forward is the engine's own;
 # step_each_micro is VERL_DS_ZERO2_STEP_EACH_MICRO's key: the same update, stepped after every micro-batch).
 WORKERLESS = ("actor_padded", "actor_step_each_micro")
 # The checks must catch these (see _broken_loss): both at ZeRO-2 on the fixed-size actor.
 BROKEN = ("double_division", "rank_local_skip")
-CHECKPOINTED = ("actor", "actor_lora")
+CHECKPOINTED = ("actor", "actor_lora", "actor_cosine")
 
 
 def _cases(stage: int) -> list[str]:
-    return [c for c in CASES if stage == 2 or c not in ONLY_AT_ZERO2]
+    return [c for c in CASES if (stage == 2 or c not in ONLY_AT_ZERO2) and (stage > 1 or c not in ONLY_AT_ZERO23)]
 
 
 def _engine_kw(case: dict) -> dict:
-    return {k: case[k] for k in ("dynamic", "lora_rank", "remove_padding", "step_each_micro") if k in case}
+    keys = ("dynamic", "lora_rank", "remove_padding", "step_each_micro", "cosine", "offload")
+    return {k: case[k] for k in keys if k in case}
 
 
 def _broken_loss(kind: str, loss_fn, rank: int):
@@ -82,10 +90,12 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
             init = h.full_params(engine)
             grads: dict = {}
             h.capture_grads(engine, grads)
-            save = (2, f"{ckpt_root}/{name}_zero{stage}") if name in CHECKPOINTED and stage > 1 else None
+            save = (2, f"{ckpt_root}/{name}_zero{stage}") if (stage, name) in _saved() else None
             steps = h.engine_steps(engine, loss_fn, rank, world, remove_padding=case.get("remove_padding", True),
                                    save=save)
-            result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine)}
+            result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine),
+                      "offloaded": (engine.is_optimizer_offload_enabled, engine.is_param_offload_enabled,
+                                    sorted(k for k in engine.role.ds_config["zero_optimization"] if "offload" in k))}
             if name == "actor_lora":  # the LoRA reference: the trained actor with its adapters off
                 result["infer"] = h.infer_log_probs(engine, rank, world)
                 result["infer_base"] = h.infer_log_probs(engine, rank, world, base=True)
@@ -93,7 +103,8 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
             t1 = time.perf_counter()
             if name in CASES and name not in WORKERLESS:
                 cfg = h.run_cfg(model_dir, world, stage, dynamic=case.get("dynamic", False),
-                                lora_rank=case.get("lora_rank", 0))
+                                lora_rank=case.get("lora_rank", 0), cosine=case.get("cosine", False),
+                                offload=case.get("offload", False))
                 worker = CriticWorker(cfg) if case["role"] == "critic" else ActorWorker(cfg)
                 result["worker"] = {"steps": h.worker_steps(worker, case["role"], rank, world),
                                     "final": h.full_params(worker)}
@@ -146,6 +157,14 @@ def check_case(ranks: list[dict], name: str, model_dir: str, case_name: str | No
     for r in ranks[1:]:  # DeepSpeed's grad norm and the rollout export are global: ranks agree bitwise
         assert [s["grad_norm"] for s in r["steps"]] == [s["grad_norm"] for s in ranks[0]["steps"]], name
         h.assert_params_close(f"{name} rank parity", r["final"], ranks[0]["final"], tol=0.0)
+    if case_name in REFERENCELESS:
+        worker = ranks[0]["worker"]
+        assert [s["lr"] for s in ranks[0]["steps"]] == [s["lr"] for s in worker["steps"]], (name, "LRs")
+        assert len({s["lr"] for s in worker["steps"]}) > 1, (name, "the schedule does not move")
+        for i, (g, w) in enumerate(zip(ranks[0]["steps"], worker["steps"], strict=True)):
+            h.assert_close(f"{name} engine vs repro worker step {i + 1} grad_norm", g["grad_norm"], w["grad_norm"])
+        h.assert_params_close(f"{name} engine vs repro worker parameters", ranks[0]["final"], worker["final"])
+        return
     key = (model_dir, case_name)
     if key not in _REFERENCE_RUNS:
         cfg = h.run_cfg(model_dir, 2, 2, dynamic=case.get("dynamic", False), lora_rank=case.get("lora_rank", 0))
@@ -165,7 +184,11 @@ def check_case(ranks: list[dict], name: str, model_dir: str, case_name: str | No
 
 @pytest.mark.parametrize("stage,name", [(s, c) for s in STAGES for c in _cases(s)])
 def test_engine_matches_workers_and_reference(trained: dict, stage: int, name: str) -> None:
-    check_case([r[(stage, name)] for r in trained["ranks"]], name, trained["model_dir"])
+    ranks = [r[(stage, name)] for r in trained["ranks"]]
+    if name == "actor_offload":  # verl's train/eval contexts saw the stage-aware offload
+        want = ["offload_optimizer"] + (["offload_param"] if stage == 3 else [])  # what DeepSpeed was given
+        assert ranks[0]["offloaded"] == (True, stage == 3, want)
+    check_case(ranks, name, trained["model_dir"])
 
 
 @pytest.mark.parametrize("stage", STAGES)
@@ -232,16 +255,39 @@ def _resume(rank: int, world: int, model_dir: str, ckpt_root: str, stage: int, n
     return {"steps": steps, "final": h.full_params(engine)}
 
 
-def _resume_all(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
-    return {(s, n): _resume(rank, world, model_dir, ckpt_root, s, n) for s in (2, 3) for n in CHECKPOINTED}
+def _saved() -> list[tuple[int, str]]:
+    return [(s, n) for s in STAGES for n in _cases(s) if n in CHECKPOINTED and s > 1]
+
+
+def _resume_all(rank: int, world: int, model_dir: str, ckpt_root: str, damaged: str) -> dict:
+    out = {(s, n): _resume(rank, world, model_dir, ckpt_root, s, n) for s, n in _saved()}
+    engine, _ = h.new_engine(model_dir, 2, "actor")
+    try:
+        engine.load_checkpoint(damaged)
+        out["damaged"] = "loaded"
+    except ValueError as err:
+        out["damaged"] = str(err)
+    return out
 
 
 def test_engine_checkpoint_resumes_bitwise(trained: dict, tmp_path: pathlib.Path) -> None:
-    """save_checkpoint after step 2 (in the parity run), load in fresh processes: step 3 is bitwise the same."""
+    """save_checkpoint after step 2 (in the parity run), load in fresh processes: step 3 is bitwise the same.
+    A copy with one byte of a DeepSpeed file flipped is refused on every rank (its manifest)."""
+    import shutil
+
     from tests.multirank import run_ranks
 
+    damaged = tmp_path / "damaged"
+    shutil.copytree(trained["ckpt"] / "actor_zero2", damaged)
+    victim = max((p for p in damaged.rglob("*.pt") if "/ds/" in p.as_posix()), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
     resumed = run_ranks(_resume_all, 2, tmp_path=tmp_path, timeout_s=600,
-                        args=(trained["model_dir"], str(trained["ckpt"])))
+                        args=(trained["model_dir"], str(trained["ckpt"]), str(damaged)))
+    for rank in range(2):
+        message = resumed[rank].pop("damaged")
+        assert "does not match its manifest" in message and victim.name in message, (rank, message)
     for key in resumed[0]:
         for rank, got in enumerate(resumed):
             want = trained["ranks"][rank][key]
