@@ -103,10 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     policy = Path("tiny") if args.print_config else ensure_tiny_policy()
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
            *overrides(args.engine, args.steps, policy, train, val, run_dir, args.zero_stage), *extra]
-    if args.print_config:
-        return subprocess.call([*cmd, "--cfg", "job"])
-    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    # verl imports its plugins in every process, Ray's workers included; without a pip install of
+    # repro the entry point is not there, and verl's module list (inherited by the workers) names it.
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("VERL_USE_EXTERNAL_MODULES", "repro.integrations.verl.plugin")
+    if args.print_config:
+        return subprocess.call([*cmd, "--cfg", "job"], env=env)
+    (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
     with open(run_dir / "console.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
