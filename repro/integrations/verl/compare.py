@@ -13,6 +13,10 @@ no flash-attn).
 
 The check is verl's own bar for a new engine (``tests/special_e2e/sft/test_sft_engine_all.sh``):
 step-1 loss within atol/rtol 1e-2 and grad norm within atol 1e-4 / rtol 3e-2 of the FSDP run.
+The old log-probs come from each engine's own forward, so the PPO ratio starts at 1 and the
+step's loss is minus the mean advantage whatever the model: the loss column checks the plumbing
+(token counts, normalisation), the grad norm and the mean response log-prob (same bar as the
+loss) check the model's arithmetic.
 Later steps are reported as drift, not checked: bf16 rounding differs between the engines (FSDP2
 casts per module, DeepSpeed keeps a bf16 weight copy) and compounds through Adam.
 """
@@ -165,7 +169,8 @@ def run_case(case: str, path: Path, steps: int, scale: int) -> dict[str, Any]:
         sync()
         t2 = time.perf_counter()
         tokens = int(batch["attention_mask"].sum())
-        rows.append({"step": step + 1, "loss": float(sum(result["loss"])),
+        logprob = float(batch["old_log_probs"].sum() / batch["response_mask"].sum())
+        rows.append({"step": step + 1, "loss": float(sum(result["loss"])), "logprob": logprob,
                      "grad_norm": float(result["metrics"]["grad_norm"]), "infer_s": t1 - t0, "update_s": t2 - t1,
                      "update_tokens_per_s": tokens / (t2 - t1)})
         print(f"[{case}] step {step + 1}: {rows[-1]}", flush=True)
@@ -181,17 +186,20 @@ def run_case(case: str, path: Path, steps: int, scale: int) -> dict[str, Any]:
 def compare(results: dict[str, dict]) -> tuple[list[str], list[str]]:
     """(markdown table lines, failures of verl's step-1 bar against the FSDP2 run)."""
     base = results[BASELINE]["steps"]
-    lines = ["| case | step | loss | grad norm | loss vs fsdp2 | grad norm vs fsdp2 | update tok/s | infer s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| case | step | loss | mean log-prob | grad norm | loss vs fsdp2 | log-prob vs fsdp2 | grad norm vs fsdp2 "
+             "| update tok/s | infer s |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     failures = []
     for case, res in results.items():
         for row, ref in zip(res["steps"], base, strict=True):
             dl, dn = row["loss"] - ref["loss"], row["grad_norm"] - ref["grad_norm"]
-            lines.append(f"| {case} | {row['step']} | {row['loss']:.6f} | {row['grad_norm']:.6f} | {dl:+.2e} | "
-                         f"{dn / ref['grad_norm']:+.2%} | {row['update_tokens_per_s']:.0f} | {row['infer_s']:.3f} |")
+            dp = row.get("logprob", 0.0) - ref.get("logprob", 0.0)
+            lines.append(f"| {case} | {row['step']} | {row['loss']:.6f} | {row.get('logprob', float('nan')):.5f} | "
+                         f"{row['grad_norm']:.6f} | {dl:+.2e} | {dp:+.2e} | {dn / ref['grad_norm']:+.2%} | "
+                         f"{row['update_tokens_per_s']:.0f} | {row['infer_s']:.3f} |")
         first, ref = res["steps"][0], base[0]
-        if abs(first["loss"] - ref["loss"]) > LOSS_TOL + LOSS_TOL * abs(ref["loss"]):
-            failures.append(f"{case}: step-1 loss {first['loss']} vs {ref['loss']}")
+        for key in ("loss", "logprob"):
+            if key in ref and abs(first[key] - ref[key]) > LOSS_TOL + LOSS_TOL * abs(ref[key]):
+                failures.append(f"{case}: step-1 {key} {first[key]} vs {ref[key]}")
         if abs(first["grad_norm"] - ref["grad_norm"]) > NORM_ATOL + NORM_RTOL * abs(ref["grad_norm"]):
             failures.append(f"{case}: step-1 grad norm {first['grad_norm']} vs {ref['grad_norm']}")
     return lines, failures

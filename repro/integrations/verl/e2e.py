@@ -86,6 +86,26 @@ def write_tsv(rows: list[dict[str, float]], path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
+def plot(run_dirs: list[Path], out: Path) -> None:
+    """The runs' score curves on one chart (each run's metrics.tsv)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for run in run_dirs:
+        lines = (run / "metrics.tsv").read_text().splitlines()
+        keys = lines[0].split("\t")
+        rows = [dict(zip(keys, map(float, line.split("\t")), strict=True)) for line in lines[1:]]
+        ax.plot([r["step"] for r in rows], [r[SCORE] for r in rows], label=run.name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(SCORE)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.integrations.verl.e2e", description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["deepspeed", "dp"], default="deepspeed")
@@ -93,7 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--out", type=Path, default=Path("results/verl_engine/e2e"))
     parser.add_argument("--print-config", action="store_true", help="compose verl's config and print it; no run")
+    parser.add_argument("--plot", action="store_true", help="draw the score curves of the runs under --out; no run")
     args, extra = parser.parse_known_args(argv)
+    if args.plot:
+        runs = sorted(d for d in args.out.iterdir() if (d / "metrics.tsv").is_file())
+        plot(runs, args.out / "curves.png")
+        return 0
     from repro.data.arith import ensure_arith_parquet
     from repro.data.sft import cache_root, ensure_tiny_policy
 

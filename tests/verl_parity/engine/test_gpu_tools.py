@@ -1,0 +1,56 @@
+"""The one-GPU tools behind results/verl_engine/, run where they can be here (CPU, the tiny shape)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+
+from repro.integrations.verl import compare, e2e
+
+
+def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path):
+    # fp32 on CPU: the three engines do the same arithmetic up to summation order, far inside the bar.
+    assert compare.main(["--shape", "tiny", "--steps", "2", "--out", str(tmp_path)]) == 0
+    table = (tmp_path / "table.md").read_text()
+    for case in compare.CASES:
+        assert f"| {case} | 2 |" in table
+    results = {c: __import__("json").loads((tmp_path / f"{c}.json").read_text()) for c in compare.CASES}
+    assert compare.compare(results)[1] == []
+    broken = copy.deepcopy(results)
+    broken["ds-zero2"]["steps"][0]["grad_norm"] *= 1.05  # outside rtol 3e-2
+    broken["ds-zero3-leaf"]["steps"][0]["logprob"] += 0.5
+    failures = compare.compare(broken)[1]
+    assert any("ds-zero2: step-1 grad norm" in f for f in failures)
+    assert any("ds-zero3-leaf: step-1 logprob" in f for f in failures)
+
+
+def test_compare_refuses_a_case_list_without_the_baseline(tmp_path, capsys):
+    assert compare.main(["--cases", "ds-zero2", "--out", str(tmp_path)]) == 2
+    assert "fsdp2" in capsys.readouterr().err
+
+
+def test_e2e_reads_verls_console_lines_and_checks_the_rise():
+    lines = [f"(TaskRunner pid=1) step:{i} - actor/pg_loss:-0.01 - critic/score/mean:{0.3 + 0.01 * i} - "
+             f"timing_s/step:{5 + i % 2}.5" for i in range(1, 11)] + ["step:3 - no score here"]
+    rows = e2e.parse_console("\n".join(lines))
+    assert [r["step"] for r in rows] == list(range(1, 11))
+    summary = e2e.summarize(rows)
+    assert abs(summary["score_step1"] - 0.31) < 1e-9 and abs(summary["rise"] - 0.07) < 1e-9
+    assert summary["rise"] < e2e.MARGIN  # a 0.07 rise fails the gate's margin
+
+
+def test_e2e_composes_verls_trainer_config_with_the_deepspeed_engine(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "repro.integrations.verl.e2e", "--print-config", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "strategy: deepspeed" in out.stdout and "_target_: repro.integrations.verl.config.DeepSpeedActorConfig" in out.stdout
+    assert "repro/integrations/verl/reward.py" in out.stdout
+
+
+def test_the_reward_verl_calls_is_repros_rule_for_the_rows_data_source():
+    from repro.integrations.verl.reward import compute_score
+
+    assert compute_score("repro/arith", "Q: 23+4=? A: #### 27", "27") == 1.0
+    assert compute_score("repro/arith", "#### 28", "27") == 0.1  # formatted, wrong: grpo_tiny's format score
+    assert compute_score("openai/gsm8k", "no answer", "27") == 0.0
