@@ -92,6 +92,16 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> 
 _INTERRUPTED = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
 
 
+def _run_dir_at_step_2_checkpoint(outputs: Path, proc: subprocess.Popen) -> Path:
+    """The job's run folder, once its step-2 checkpoint is complete (the job then holds there)."""
+    deadline = time.time() + 120
+    while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
+        time.sleep(0.2)
+    run_dir = next(outputs.glob("grpo_tiny_arith_*"))
+    _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+    return run_dir
+
+
 def _interrupt(how: str, outputs: Path) -> Path:
     """Start a job on its own Ray cluster, interrupt it after its step-2 checkpoint (``ctrl-c`` is
     what a terminal does: SIGINT to the whole foreground process group), check that it stopped
@@ -106,11 +116,7 @@ def _interrupt(how: str, outputs: Path) -> Path:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        deadline = time.time() + 120
-        while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
-            time.sleep(0.2)
-        run_dir = next(outputs.glob("grpo_tiny_arith_*"))
-        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+        run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
         procs = _job_processes(proc.pid, outputs)
         assert procs, "the job's processes were not found: the orphan check would prove nothing"
         started = time.monotonic()
@@ -152,11 +158,7 @@ def test_no_ray_process_of_a_kill_9_driver_outlives_the_cleanup(tmp_path):
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
-        deadline = time.time() + 120
-        while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
-            time.sleep(0.2)
-        run_dir = next(outputs.glob("grpo_tiny_arith_*"))
-        _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+        _run_dir_at_step_2_checkpoint(outputs, proc)
         procs = _job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
         names = {p.name() for p in procs}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
