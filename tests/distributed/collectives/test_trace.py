@@ -271,10 +271,15 @@ _ENGINE_PY = _REPO / "repro" / "workers" / "engine.py"
 _SCENARIO = _REPO / "repro" / "scenarios" / "zero2_inactive_micro.py"
 
 
+# The phases of RoleEngine's update loop (the worker's call sites): backward per micro-batch, the
+# optimizer step at the end.
+_UPDATE_PHASES = ("backward_micro", "end_update")
+
+
 def _engine_line(site: str) -> str:
-    """The source text of ``repro/workers/engine.py:<line> train_mini_batch``, the worker's call site."""
+    """The source text of ``repro/workers/engine.py:<line> <phase>``, the worker's call site."""
     path, _, rest = site.partition(":")
-    assert path.endswith("repro/workers/engine.py") and rest.endswith(" train_mini_batch"), site
+    assert path.endswith("repro/workers/engine.py") and rest.split()[-1] in _UPDATE_PHASES, site
     return _ENGINE_PY.read_text().splitlines()[int(rest.split()[0]) - 1]
 
 
