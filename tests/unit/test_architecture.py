@@ -130,3 +130,13 @@ def test_the_checks_catch_a_tie_against_the_grain_and_a_cycle() -> None:
     ]
     assert against_the_grain("repro.workers.engine", {"repro.config.fields"}) == []
     assert cycles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == ["a.x -> a.y -> a.x"]
+
+
+def test_the_docs_layer_table_is_the_packages_own():
+    """docs/architecture.md shows the table the package docstring defines; a drift fails here."""
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    shown: dict[str, int] = {}
+    for m in re.finditer(r"^\| (\d+) \| (.+?) \|$", doc, flags=re.M):
+        for name in re.findall(r"`(\w+)`", m.group(2)):
+            shown[name] = int(m.group(1))
+    assert shown == layers()
