@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import tempfile
 import time
 from typing import Any
 
 from repro.bench.collective_steps import _sync, _traced
+from repro.collectives.launch import free_port
 
 MODES = ("off", "record", "every", "sample:10")
 
@@ -251,11 +251,6 @@ def _table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m repro.bench.collectives", description=__doc__.split("\n")[0])
@@ -300,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--nproc must be >= 2 (the divergence part needs two ranks)")
     import torch.multiprocessing as mp
 
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "result.json")
         mp.spawn(_rank_main, args=(args, port, path), nprocs=args.nproc, join=True)
@@ -308,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             results = json.load(f)
         if args.detail:
             args.detail_pass = True
-            mp.spawn(_rank_main, args=(args, _free_port(), path), nprocs=args.nproc, join=True)
+            mp.spawn(_rank_main, args=(args, free_port(), path), nprocs=args.nproc, join=True)
             with open(path) as f:
                 results.update(json.load(f))
     print(_table(results))

@@ -27,12 +27,13 @@ import argparse
 import functools
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from repro.collectives.launch import free_port
 
 CASES = {
     "fsdp2": {"backend": "fsdp2"},
@@ -205,11 +206,6 @@ def compare(results: dict[str, dict]) -> tuple[list[str], list[str]]:
     return lines, failures
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.integrations.verl.compare", description=__doc__.split("\n")[0])
@@ -235,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for case in cases:
         env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(_free_port()))
+                   MASTER_PORT=str(free_port()))
         cmd = [sys.executable, "-m", "repro.integrations.verl.compare", "--case", case, "--shape", args.shape,
                "--steps", str(args.steps), "--out", str(args.out)]
         with open(args.out / f"{case}.log", "w") as log:
