@@ -4,7 +4,10 @@
   as in training, sampling at temperature 1) on the Qwen3-0.6B shape (random init, the char
   tokenizer's EOS), at each ``--batches`` size, ``--prompt-len`` random prompt ids and up to
   ``--new-tokens`` new tokens; counted tokens are the response-mask sum. vLLM's time includes its
-  wake-up and sleep around the call, as in a training step.
+  wake-up and sleep around the call, as in a training step. ``plain`` is the library the hf
+  rollout wraps, called as a user would: ``from_pretrained`` + ``generate`` with the same
+  prompts, sampling and stop token, so ``hf / plain`` is what repro's adapter costs.
+  ``--profile N`` adds torch.profiler's top CPU-side ops of an ``N``-token generate per rollout.
 - ``grpo``: s/step of a short GRPO job on the same shape (the real trainer: Ray, DeepSpeed ZeRO-2,
   GSM8K prompts from ``fixtures/gsm8k``), one job process per rollout, tail means of the step
   time split from ``metrics.tsv`` (torch AdamW in both, so no FusedAdam JIT build skews the first job).
@@ -62,6 +65,46 @@ def _gen_config(model_dir: Path, args: argparse.Namespace, name: str):
     return cfg
 
 
+class PlainGenerate:
+    """Plain ``transformers``: ``from_pretrained`` on the GPU and ``generate``, sampling as the rollouts do."""
+
+    def __init__(self, model_dir: Path, args: argparse.Namespace) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to("cuda").eval()
+        self.pad_id, self.eos_id = self.model.config.pad_token_id, self.model.config.eos_token_id
+        self.new_tokens = args.new_tokens
+
+    def load_weights(self, named_tensors: object) -> None:
+        """The weights came from disk: the same random init as the source the rollouts copy."""
+
+    def generate(self, prompts: list[list[int]], n: int = 1, *, seed: int = 0,
+                 response_length: int | None = None) -> dict:
+        import torch
+
+        from repro.workers import rollout_layout as layout
+
+        ids, mask = layout.left_pad(prompts, self.pad_id, None)
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = self.model.generate(input_ids=ids.cuda(), attention_mask=mask.cuda(), do_sample=True,
+                                      temperature=1.0, top_p=1.0, top_k=0,
+                                      max_new_tokens=response_length or self.new_tokens,
+                                      eos_token_id=self.eos_id, pad_token_id=self.pad_id)
+        return {"response_mask": layout.response_mask(out[:, ids.shape[1]:].cpu(), self.eos_id)}
+
+
+def _profile(rollout: object, prompts: list[list[int]], tokens: int, name: str) -> None:
+    """Print the top CPU-side ops of one ``tokens``-token generate (where a launch-bound decode spends)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        rollout.generate(prompts, n=1, seed=3, response_length=tokens)
+    print(f"profile {name}: {len(prompts)} prompts x {tokens} new tokens", flush=True)
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=25), flush=True)
+
+
 def bench_gen(model_dir: Path, args: argparse.Namespace) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
@@ -75,10 +118,12 @@ def bench_gen(model_dir: Path, args: argparse.Namespace) -> list[dict]:
     rows = []
     for name in args.rollouts:
         t0 = time.time()
-        rollout = make_rollout(_gen_config(model_dir, args, name))
+        rollout = PlainGenerate(model_dir, args) if name == "plain" else make_rollout(_gen_config(model_dir, args, name))
         start_s = time.time() - t0
         rollout.load_weights(source.named_parameters())
         rollout.generate(prompts[:4], n=1, seed=1, response_length=16)  # warm-up
+        if args.profile:
+            _profile(rollout, prompts[:max(args.batches)], args.profile, name)
         for b in args.batches:
             torch.cuda.synchronize()
             t0 = time.time()
@@ -149,11 +194,14 @@ def bench_grpo(model_dir: Path, work: Path, args: argparse.Namespace) -> list[di
 
 
 def ratios(rows: list[dict]) -> dict:
-    """vLLM / HF of new tokens/s per batch, and HF / vLLM of the GRPO step and generation times."""
+    """vLLM / HF and HF / plain of new tokens/s per batch, and HF / vLLM of the GRPO step and generation times."""
     by = {(r["bench"], r["rollout"], r.get("batch")): r for r in rows}
     out = {}
     for (bench, name, batch), r in by.items():
         hf = by.get((bench, "hf", batch))
+        plain = by.get((bench, "plain", batch))
+        if name == "hf" and plain is not None:
+            out[f"gen_tokens_per_s_hf_over_plain_batch{batch}"] = round(r["new_tokens_per_s"] / plain["new_tokens_per_s"], 2)
         if name != "vllm" or hf is None:
             continue
         if bench == "gen":
@@ -167,7 +215,9 @@ def ratios(rows: list[dict]) -> dict:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m repro.bench.rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("gen", "grpo", "all"))
-    p.add_argument("--rollouts", default="hf,vllm", type=lambda s: s.split(","))
+    p.add_argument("--rollouts", default="plain,hf,vllm", type=lambda s: s.split(","),
+                   help="plain (transformers generate, gen only), hf, vllm")
+    p.add_argument("--profile", type=int, default=0, help="gen: profile an N-token generate of each rollout")
     p.add_argument("--batches", default="64,128", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--prompt-len", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=512)
@@ -185,9 +235,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    bad = [r for r in args.rollouts if r not in ("hf", "vllm")]
+    bad = [r for r in args.rollouts if r not in ("plain", "hf", "vllm")]
     if bad or args.grpo_batch % args.n or args.tail < 1:
-        print(f"bad arguments: --rollouts {bad} (choose hf, vllm), --grpo-batch must divide by --n, --tail >= 1",
+        print(f"bad arguments: --rollouts {bad} (choose plain, hf, vllm), --grpo-batch must divide by --n, --tail >= 1",
               file=sys.stderr)
         return 2
     work = Path(args.out)
@@ -199,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode in ("gen", "all"):
         rows += bench_gen(model_dir, args)
     if args.mode in ("grpo", "all"):
+        args.rollouts = [r for r in args.rollouts if r != "plain"]
         rows += bench_grpo(model_dir, work, args)
     summary = {"device": torch.cuda.get_device_name(0), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "command": " ".join(["python -m repro.bench.rollout", *(argv if argv is not None else sys.argv[1:])]),
