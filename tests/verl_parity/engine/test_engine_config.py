@@ -19,6 +19,8 @@ import sys
 import pytest
 import tomllib
 
+from tests.subprocess_env import pythonpath
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
 
@@ -32,7 +34,7 @@ def test_entry_point_registers_the_engine_when_verl_is_imported(tmp_path: pathli
     probe = ("import verl\nfrom verl.workers.engine import EngineRegistry as R\n"
              "print(R.get_engine_cls('language_model', 'deepspeed').__name__, "
              "R.get_engine_cls('value_model', 'deepspeed').__name__)")
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}", "DS_ACCELERATOR": "cpu",
+    env = {**os.environ, "PYTHONPATH": pythonpath(tmp_path, ROOT), "DS_ACCELERATOR": "cpu",
            "VERL_USE_EXTERNAL_PLUGINS": "auto"}
     out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True,
                          timeout=300)

@@ -9,9 +9,13 @@ import sys
 from repro.integrations.verl import compare, e2e
 
 
-def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path):
+def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path, monkeypatch):
+    # The cases run on CPU ranks. On a machine with a GPU verl registers its FSDP engine for the
+    # device it detects (cuda) while the CPU platform asks for cpu: the case processes must not see it.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     # fp32 on CPU: the three engines do the same arithmetic up to summation order, far inside the bar.
-    assert compare.main(["--shape", "tiny", "--steps", "2", "--out", str(tmp_path)]) == 0
+    rc = compare.main(["--shape", "tiny", "--steps", "2", "--out", str(tmp_path)])
+    assert rc == 0, "\n".join(f"{log.name}: {log.read_text()[-1500:]}" for log in tmp_path.glob("*.log"))
     table = (tmp_path / "table.md").read_text()
     for case in compare.CASES:
         assert f"| {case} | 2 |" in table
