@@ -106,6 +106,12 @@ def _profile(rollout: object, prompts: list[list[int]], tokens: int, name: str) 
 
 
 def bench_gen(model_dir: Path, args: argparse.Namespace) -> list[dict]:
+    """Every rollout alive at once, measured in turn, ``--rounds`` times per batch size.
+
+    The rollouts take turns inside each round, so a cost paid once per new shape (cuDNN builds an
+    attention plan for every new sequence length it meets) falls on whichever runs a shape first:
+    round 1 shows the cold figure, the last round the warm one, and the ratios use the last.
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -115,30 +121,35 @@ def bench_gen(model_dir: Path, args: argparse.Namespace) -> list[dict]:
     vocab = source.config.vocab_size
     rng = random.Random(0)
     prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt_len)] for _ in range(max(args.batches))]
-    rows = []
+    rollouts, start_s = {}, {}
     for name in args.rollouts:
         t0 = time.time()
-        rollout = PlainGenerate(model_dir, args) if name == "plain" else make_rollout(_gen_config(model_dir, args, name))
-        start_s = time.time() - t0
-        rollout.load_weights(source.named_parameters())
-        rollout.generate(prompts[:4], n=1, seed=1, response_length=16)  # warm-up
-        if args.profile:
+        rollouts[name] = PlainGenerate(model_dir, args) if name == "plain" else make_rollout(_gen_config(model_dir, args, name))
+        start_s[name] = time.time() - t0
+        rollouts[name].load_weights(source.named_parameters())
+        rollouts[name].generate(prompts[:4], n=1, seed=1, response_length=16)  # warm-up
+    del source
+    rows = []
+    for b in args.batches:
+        for rnd in range(1, args.rounds + 1):
+            for name, rollout in rollouts.items():
+                torch.cuda.synchronize()
+                t0 = time.time()
+                out = rollout.generate(prompts[:b], n=1, seed=2)
+                torch.cuda.synchronize()
+                dt = time.time() - t0
+                new = int(out["response_mask"].sum())
+                row = {"bench": "gen", "rollout": name, "batch": b, "round": rnd, "prompt_len": args.prompt_len,
+                       "max_new_tokens": args.new_tokens, "new_tokens": new, "seconds": round(dt, 3),
+                       "new_tokens_per_s": round(new / dt, 1), "engine_start_s": round(start_s[name], 1)}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+    if args.profile:
+        for name, rollout in rollouts.items():
             _profile(rollout, prompts[:max(args.batches)], args.profile, name)
-        for b in args.batches:
-            torch.cuda.synchronize()
-            t0 = time.time()
-            out = rollout.generate(prompts[:b], n=1, seed=2)
-            torch.cuda.synchronize()
-            dt = time.time() - t0
-            new = int(out["response_mask"].sum())
-            row = {"bench": "gen", "rollout": name, "batch": b, "prompt_len": args.prompt_len,
-                   "max_new_tokens": args.new_tokens, "new_tokens": new, "seconds": round(dt, 3),
-                   "new_tokens_per_s": round(new / dt, 1), "engine_start_s": round(start_s, 1)}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
-        del rollout
-        gc.collect()
-        torch.cuda.empty_cache()
+    del rollouts
+    gc.collect()
+    torch.cuda.empty_cache()
     return rows
 
 
@@ -195,7 +206,7 @@ def bench_grpo(model_dir: Path, work: Path, args: argparse.Namespace) -> list[di
 
 def ratios(rows: list[dict]) -> dict:
     """vLLM / HF and HF / plain of new tokens/s per batch, and HF / vLLM of the GRPO step and generation times."""
-    by = {(r["bench"], r["rollout"], r.get("batch")): r for r in rows}
+    by = {(r["bench"], r["rollout"], r.get("batch")): r for r in rows}  # the last round of each wins
     out = {}
     for (bench, name, batch), r in by.items():
         hf = by.get((bench, "hf", batch))
@@ -217,6 +228,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("mode", choices=("gen", "grpo", "all"))
     p.add_argument("--rollouts", default="plain,hf,vllm", type=lambda s: s.split(","),
                    help="plain (transformers generate, gen only), hf, vllm")
+    p.add_argument("--rounds", type=int, default=2, help="gen: rounds per batch size (round 1 is cold)")
     p.add_argument("--profile", type=int, default=0, help="gen: profile an N-token generate of each rollout")
     p.add_argument("--batches", default="64,128", type=lambda s: [int(x) for x in s.split(",")])
     p.add_argument("--prompt-len", type=int, default=256)
@@ -236,8 +248,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     bad = [r for r in args.rollouts if r not in ("plain", "hf", "vllm")]
-    if bad or args.grpo_batch % args.n or args.tail < 1:
-        print(f"bad arguments: --rollouts {bad} (choose plain, hf, vllm), --grpo-batch must divide by --n, --tail >= 1",
+    if bad or args.grpo_batch % args.n or args.tail < 1 or args.rounds < 1:
+        print(f"bad arguments: --rollouts {bad} (choose plain, hf, vllm), --grpo-batch must divide by --n, --tail >= 1, --rounds >= 1",
               file=sys.stderr)
         return 2
     work = Path(args.out)

@@ -17,6 +17,7 @@ and counted in ``response_mask``; everything after it is padding.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
@@ -56,6 +57,21 @@ def make_rollout(cfg: RunConfig, device: torch.device | None = None) -> HFRollou
 
         return VLLMRollout(cfg, device=device)
     raise ValueError(f"actor_rollout_ref.rollout.name={name!r} is not valid; choose one of ['hf', 'vllm']")
+
+
+def _decode_attention(device: torch.device) -> contextlib.AbstractContextManager:
+    """SDPA without its cuDNN backend on CUDA: decode meets a new key length every token.
+
+    cuDNN builds an attention plan per new shape; a generate call of 128 new tokens meets 128 of
+    them, and each prompt width brings more. Measured on one H100 (Qwen3-0.6B shape, batch 128,
+    ``results/peers/README.md``): 134-210 ms per decode step with cuDNN on shapes it had not met,
+    57-64 ms on shapes it had, 47-63 ms for flash/memory-efficient attention either way.
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 class HFRollout:
@@ -163,7 +179,7 @@ class HFRollout:
 
         responses = torch.full((prompts.shape[0], response_length), self.pad_id, dtype=torch.long)
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=devices), _decode_attention(self.device):
             torch.manual_seed(seed)
             for start in range(0, prompts.shape[0], micro * n):
                 ids = prompts[start:start + micro * n].to(self.device)

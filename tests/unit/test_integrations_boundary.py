@@ -1,4 +1,4 @@
-"""repro's core never imports verl or an integration (``repro/integrations/__init__.py``).
+"""repro's core never imports verl, TRL or an integration (``repro/integrations/__init__.py``).
 
 verl pins transformers<5.11 and lives in .venv-verl only; a core module that imported it (or the
 verl integration, which imports it) would break repro's own install. Read from the source, so it
@@ -11,7 +11,7 @@ import ast
 import pathlib
 
 REPRO = pathlib.Path(__file__).resolve().parents[2] / "repro"
-FORBIDDEN = ("verl", "repro.integrations")
+FORBIDDEN = ("verl", "trl", "repro.integrations")
 
 
 def _imports(path: pathlib.Path) -> set[str]:
