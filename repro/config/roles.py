@@ -176,7 +176,10 @@ class RolloutConfig:
     log_prob_max_token_len_per_gpu: int = 16384
     log_prob_use_dynamic_bsz: bool = False
     micro_batch_size_per_gpu: int | None = None
-    """Prompts per generate call on each rank; None generates the whole shard at once."""
+    """Prompts per hf generate call on each rank; None generates the whole shard at once.
+
+    The hf decode is launch-bound (about the same time per token at batch 64 and 128 on an
+    H100), so each split of the shard pays the per-token cost again; set it only to bound memory."""
     tensor_model_parallel_size: int = 1
     """vLLM tensor parallelism (must be 1 for the hf rollout)."""
     max_model_len: int | None = None
