@@ -167,21 +167,18 @@ def _extra_pass(d: Divergence) -> str | None:
         extra, other, se, so = d.rank_a, d.rank_b, sa, sb
     elif d.call_b is not None and d.call_b.stack and d.call_b.stack == sa:
         extra, other, se, so = d.rank_b, d.rank_a, sb, sa
-    paths = (
-        f"from call #{p['seq']} on group {d.group} ({p['call']}) rank {d.rank_a}'s collectives came from "
-        f"{' > '.join(reversed(sa))} and rank {d.rank_b}'s from {' > '.join(reversed(sb))}"
-    )
     if extra is None:
         return (
-            f"the ranks ran different code that issues the same collectives ({paths}): one of them ran a "
-            "pass the other did not (an extra forward/backward through a helper, a skipped step)"
+            f"the ranks ran different code that issues the same collectives, from call #{p['seq']} on group "
+            f"{d.group} on (see where their paths parted, below): one of them ran a pass the other did not "
+            "(an extra forward/backward through a helper, a skipped step)"
         )
     line, callee = _entry(se, so)
-    into = f" into {callee}" if callee else ""
+    into = f" (into {callee})" if callee else ""
     return (
-        f"rank {extra} ran an extra pass that rank {other} did not: the call at {line}{into}. The library "
-        f"issued the same collectives for it as for rank {other}'s next step ({paths}), so the calls "
-        f"differ only later, where rank {extra} is a pass behind"
+        f"rank {extra} ran an extra pass that rank {other} did not: the call at {line}{into}. It issued the "
+        f"same collectives as rank {other}'s next step (from call #{p['seq']} on group {d.group}, see where "
+        f"their paths parted, below), so the calls differ only later, where rank {extra} is a pass behind"
     )
 
 
