@@ -125,17 +125,19 @@ def small_steps(args: argparse.Namespace, device: Any, tmp: str, modes: tuple[st
                 f()
         run = tuple(steps)
         times: dict[str, list[float]] = {m: [] for m in run}
+        cpu: dict[str, list[float]] = {m: [] for m in run}
         calls: dict[str, int] = {}
         for r in range(args.steps):
             # Each round starts with another mode, so none always runs right after a given other.
             for mode in run[r % len(run) :] + run[: r % len(run)]:
                 step = steps[mode]
                 with _traced(mode, os.path.join(tmp, f"{name}_{mode}_{r}")) as tracer:
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     for _ in range(args.steps_per_round):
                         step()
                     _sync(device)
                     times[mode].append((time.perf_counter() - start) / args.steps_per_round)
+                    cpu[mode].append((time.process_time() - start_cpu) / args.steps_per_round)
                 if tracer is not None:
                     calls[mode] = tracer._index // args.steps_per_round
         med = {m: statistics.median(v) for m, v in times.items()}
@@ -148,6 +150,7 @@ def small_steps(args: argparse.Namespace, device: Any, tmp: str, modes: tuple[st
             "ratio_min_max": spread,
             "ratios": {m: [a / b for a, b in zip(times[m], times["off"], strict=False)] for m in run},
             "calls_per_step": calls.get("record"),
+            "cpu_s": {m: statistics.median(v) for m, v in cpu.items()},
         }
     return out
 
@@ -159,21 +162,26 @@ def steps_table(r: dict[str, Any]) -> list[str]:
     lines = [
         "",
         "Per training step (small MLP), modes alternated round by round: median s per step, its ratio to",
-        "untraced, median and min-max of the per-round ratios (each round's mode against that round's off)",
-        "| step | mode | s per step | vs off (medians) | per-round ratio median | min-max | traced calls per step |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "untraced, median and min-max of the per-round ratios (each round's mode against that round's off);",
+        "CPU s per step: this process's CPU time (all its threads), less sensitive to other jobs' load",
+        "| step | mode | s per step | vs off (medians) | per-round ratio median | min-max | CPU s per step "
+        "| CPU vs off | traced calls per step |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, z in r["small_steps"].items():
         off = z["step_s"]["off"]
         for m in z["step_s"]:
             lo, hi = z["ratio_min_max"][m]
+            c = z["cpu_s"][m]
             lines.append(
                 f"| {name} | {_LABELS.get(m, m)} | {z['step_s'][m]:.4f} | {z['step_s'][m] / off:.3f}x | "
-                f"{statistics.median(z['ratios'][m]):.3f}x | {lo:.2f}-{hi:.2f} | "
-                f"{z['calls_per_step'] if m in ('record', 'every') else '-'} |"
+                f"{statistics.median(z['ratios'][m]):.3f}x | {lo:.2f}-{hi:.2f} | {c:.4f} | "
+                f"{c / z['cpu_s']['off']:.3f}x | {z['calls_per_step'] if m in ('record', 'every') else '-'} |"
             )
         if "detail" in z["step_s"]:
             d = z["step_s"]["detail"]
             for m in ("record", "every"):
-                lines.append(f"| {name} | {_LABELS.get(m, m)} vs DETAIL | - | {z['step_s'][m] / d:.3f}x | - | - | - |")
+                lines.append(
+                    f"| {name} | {_LABELS.get(m, m)} vs DETAIL | - | {z['step_s'][m] / d:.3f}x | - | - | - | - | - |"
+                )
     return lines

@@ -230,11 +230,13 @@ class Checker:
                 return self.timeout_divergence(rec, missing)
             if now >= next_look:
                 next_look = now + 0.1
-                crossed = self._crossed_wait(rec, missing, tracer)
+                crossed = self._crossed_wait(rec, {r: keys[r] for r in missing}, calls, tracer)
                 if crossed is not None:
                     return crossed
 
-    def _crossed_wait(self, rec: CallRecord, missing: list[int], tracer: Any) -> Divergence | None:
+    def _crossed_wait(
+        self, rec: CallRecord, missing: dict[int, str], calls: dict[int, CallRecord], tracer: Any
+    ) -> Divergence | None:
         """A peer blocked in a checked call that this rank has not issued: neither can go on.
 
         The peer cannot have passed that call (it needs this rank's key for it), and this rank
@@ -242,9 +244,14 @@ class Checker:
         """
         from repro.collectives.p2p import blocked_on, pair_divergence
 
-        for r in missing:
+        for r, key in missing.items():
             theirs = self.peer_last(r)
             if theirs is None or (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
+                continue
+            # Its last call may be a later one because it published this call, read ours and went
+            # on since this rank last polled: it published this one first, so the slot shows it now.
+            self._collect(rec, {r: key}, calls)
+            if r in calls:
                 continue
             if theirs.group_seq is None:  # the peer is blocked in a point-to-point op
                 if blocked_on(theirs, rec.rank, tracer.pairs, tracer.group_seq):
