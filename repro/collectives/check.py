@@ -221,7 +221,7 @@ class Checker:
         while True:
             time.sleep(pause)
             now = time.monotonic()
-            pause = min(pause * 2, 0.001 if now - start < 0.2 else 0.01)
+            pause = min(pause * 2, 0.0005 if now - start < 0.2 else 0.01)
             if self._collect(rec, keys, calls):
                 return None
             now = time.monotonic()
