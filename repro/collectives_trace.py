@@ -252,6 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # (after an exception too: the rank is on its way out).
         tracer = record.active()
         if tracer is not None:
+            tracer.pending.settle()
             tracer.write_event({"ev": "end", "t": time.time()})
     return 0
 

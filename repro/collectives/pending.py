@@ -58,11 +58,27 @@ class PendingReturns:
                 if self._tracer._writer is not None:
                     self.flush()
 
+    def settle(self, timeout_s: float = 0.5) -> None:
+        """Write the returns of the works still pending, waiting up to ``timeout_s`` for them.
+
+        For the end of a traced script: a library may go on once a work's future is done while
+        the work itself reports completion a moment later, and the poller would not see it before
+        the process exits (a ``ret`` missing from a clean run reads as a call that never returned).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._tracer._lock:
+                if self._tracer._writer is not None:
+                    self.flush()
+                if not self._works:
+                    return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
     def close(self) -> None:
-        """Stop the poller and write what completed by now (the tracer's lock not held)."""
+        """Stop the poller and write the returns of what completes within half a second (lock not held)."""
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=2 * POLL_S)
-        with self._tracer._lock:
-            if self._tracer._writer is not None:
-                self.flush()
+        self.settle()
