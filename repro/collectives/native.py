@@ -18,6 +18,7 @@ Point-to-point ops from C++ are not traced here (their pairing needs the Python 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -77,9 +78,16 @@ def _unbox(obj: Any, cls: Any) -> Any:
 
 def _kernel(name: str, packet: Any) -> Callable:
     op, tensor_at, group_at, root_at, size_free = NATIVE_OPS[name]
-    # The C++ operator itself: the OpOverload's __call__ first scans every argument for fake
-    # script objects (for export), which the dispatcher's real arguments never are.
-    packet = getattr(packet, "_op", packet)
+    # The operator called boxed through its handle: the OpOverload's __call__ first scans every
+    # argument for fake script objects (for export), and its C++ entry point looks for
+    # __torch_function__ on each (an exception caught per ScriptObject argument). On a
+    # 1-element gloo all_reduce: 43 us of CPU through ``_op``, 21 us boxed, 12 us untraced.
+    handle = getattr(packet, "_handle", None)
+    call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
+    if handle is not None and call_boxed is not None:
+        packet = functools.partial(call_boxed, handle)
+    else:
+        packet = getattr(packet, "_op", packet)
 
     def kernel(*args: Any) -> Any:
         tracer = active()
