@@ -61,6 +61,32 @@ def _per_call(
     return {m: statistics.median(v) for m, v in samples.items()}
 
 
+def _native_call(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, dict[str, float]]:
+    """A 1-element all_reduce issued from C++ (``ProcessGroup.allreduce``, as DDP's reducer does):
+    wall and this process's CPU time per call, off against record, alternated over the rounds."""
+    import torch
+    import torch.distributed as dist
+
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(1, device=device)
+    wall: dict[str, list[float]] = {"off": [], "record": []}
+    cpu: dict[str, list[float]] = {"off": [], "record": []}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for mode in ("off", "record"):
+            dist.barrier()
+            with _traced(mode, os.path.join(tmp, f"native_{mode}")):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                for _ in range(args.iters):
+                    pg.allreduce([t]).wait()
+                if r:
+                    wall[mode].append((time.perf_counter() - start) / args.iters * 1e6)
+                    cpu[mode].append((time.process_time() - start_cpu) / args.iters * 1e6)
+    return {
+        "wall_us": {m: statistics.median(v) for m, v in wall.items()},
+        "cpu_us": {m: statistics.median(v) for m, v in cpu.items()},
+    }
+
+
 def _record_cpu_us(device: Any, tmp: str, n: int = 2000) -> float:
     """Tracer CPU work per call in record mode (describe, call site, two file writes), no collective."""
     import torch
@@ -187,6 +213,7 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
         if not args.steps_only:
             results["per_call_us"] = _per_call(args, device, tmp)
             results["record_cpu_us"] = _record_cpu_us(device, tmp)
+            results["native_call"] = _native_call(args, device, tmp)
             results["report_s"] = {
                 "size_mismatch": _time_to_report(device, tmp, crossed=False),
                 "crossed_groups": _time_to_report(device, tmp, crossed=True),
@@ -219,6 +246,12 @@ def _call_table(r: dict[str, Any]) -> list[str]:
     for m, v in r["per_call_us"].items():
         lines.append(f"| {labels.get(m, m)} | {v:.1f} | {v / base:.2f}x |")
     lines.append(f"tracer CPU work per call in record mode (no collective): {r['record_cpu_us']:.1f} us")
+    n = r["native_call"]
+    lines.append(
+        "the same all_reduce issued from C++ (ProcessGroup.allreduce, as DDP's reducer does), off / record: "
+        f"{n['wall_us']['off']:.1f} / {n['wall_us']['record']:.1f} us wall, "
+        f"{n['cpu_us']['off']:.1f} / {n['cpu_us']['record']:.1f} us of this process's CPU"
+    )
     lines.append("")
     lines.append("| divergence | time from divergent call to report, per rank (s) |")
     lines.append("| --- | --- |")

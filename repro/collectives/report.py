@@ -142,7 +142,8 @@ def cause(d: Divergence) -> str | None:
 def _entry(stack: list[str], other: list[str]) -> tuple[str, str | None]:
     """Where ``stack`` leaves ``other``, outermost first: that frame's line and the function it called."""
     mine, theirs = list(reversed(stack)), list(reversed(other))
-    i = next((k for k, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine), len(theirs)))
+    pairs = enumerate(zip(mine, theirs, strict=False))
+    i = next((k for k, (x, y) in pairs if x != y), min(len(mine), len(theirs)))
     i = min(i, len(mine) - 1)
     callee = mine[i + 1].rsplit(" ", 1)[-1] if i + 1 < len(mine) else None
     return mine[i], callee
