@@ -120,7 +120,8 @@ def small_steps(args: argparse.Namespace, device: Any, tmp: str, modes: tuple[st
         # The traced modes run the untraced models: tracing changes nothing in them.
         steps = {m: built["detail" if m == "detail" else "off"].get(name) for m in modes}
         steps = {m: f for m, f in steps.items() if f is not None}
-        for f in set(steps.values()):
+        # In the same order on every rank (a set's order is not: the ranks then wait in different groups).
+        for f in dict.fromkeys(steps.values()):
             for _ in range(args.warmup):
                 f()
         run = tuple(steps)
