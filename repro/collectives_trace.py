@@ -145,7 +145,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, exception_line, launch, log_tail, own_exception
+    from repro.collectives.launch import Target, launch, log_tail, own_exception, raised_report
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -161,8 +161,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     # A rank's own exception leads: what the trace then says of its peers is a consequence.
     # (also a rank the launcher killed while it was still tearing down after raising)
     raised = {r: tb for r in failed if (tb := own_exception(out, r)) is not None}
-    for r, tb in sorted(raised.items()):
-        print(f"rank {r} raised {exception_line(tb)}\n{tb}\n")
+    if raised:
+        print(raised_report(raised))
     if raised and div is not None:
         print("What the collective trace saw (the peers of a rank that raised wait for it):")
     if result.interrupted is not None:
@@ -252,6 +252,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # (after an exception too: the rank is on its way out).
         tracer = record.active()
         if tracer is not None:
+            tracer.pending.settle()
             tracer.write_event({"ev": "end", "t": time.time()})
     return 0
 

@@ -6,15 +6,17 @@
 Parts (each on ``--nproc`` spawned ranks):
 
 1. cost per small all_reduce (``--numel`` elements) in modes off / record / check=every /
-   check=sample:10, the modes alternated over ``--rounds`` rounds of ``--iters`` calls (medians);
+   check=sample:10 / detail (untraced, on a group made under torch's debug level DETAIL, as
+   ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` makes every group), the modes alternated over ``--rounds``
+   rounds of ``--iters`` calls (medians);
 2. time from the divergent call to the raised report: a size mismatch in one group, and crossed
    calls on two groups (the ZeRO-2 hang's shape), in check mode ``every``;
 3. with ``--zero2``: DeepSpeed ZeRO-2 training step time of a Qwen3-shaped model (shape flags),
    modes alternated step by step, medians over ``--steps`` steps per mode;
 4. with ``--small-steps``: what a user pays per training step, a DDP step and a ZeRO-2 step of a
    small MLP (``--mlp-layers`` x ``--mlp-width``, small buckets so a step issues several bucket
-   collectives), modes off / record / check=every alternated step by step; with ``--detail`` the
-   same untraced steps under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` on a second set of ranks.
+   collectives), modes off / record / check=every / detail alternated round by round
+   (:mod:`repro.bench.collective_steps`). ``--steps-only`` skips parts 1 and 2.
 """
 
 from __future__ import annotations
@@ -27,33 +29,62 @@ import tempfile
 import time
 from typing import Any
 
-from repro.bench.collective_steps import _sync, _traced
+from repro.bench.collective_steps import _sync, _traced, detail_group
 from repro.collectives.launch import free_port
 
 MODES = ("off", "record", "every", "sample:10")
+CALL_MODES = (*MODES, "detail")
 
 
 def _per_call(
-    args: argparse.Namespace, device: Any, tmp: str, modes: tuple[str, ...] = MODES
+    args: argparse.Namespace, device: Any, tmp: str, modes: tuple[str, ...] = CALL_MODES
 ) -> dict[str, float]:
     import torch
     import torch.distributed as dist
 
     t = torch.ones(args.numel, device=device)
+    wrapped = detail_group()
     samples: dict[str, list[float]] = {m: [] for m in modes}
     for r in range(args.rounds + 1):  # round 0 warms up
         for mode in modes:
+            group = wrapped if mode == "detail" else None
             dist.barrier()
             with _traced(mode, os.path.join(tmp, f"calls_{mode.replace(':', '')}")):
                 _sync(device)
                 start = time.perf_counter()
                 for _ in range(args.iters):
-                    dist.all_reduce(t)
+                    dist.all_reduce(t, group=group)
                 _sync(device)
                 elapsed = time.perf_counter() - start
             if r:
                 samples[mode].append(elapsed / args.iters * 1e6)
     return {m: statistics.median(v) for m, v in samples.items()}
+
+
+def _native_call(args: argparse.Namespace, device: Any, tmp: str) -> dict[str, dict[str, float]]:
+    """A 1-element all_reduce issued from C++ (``ProcessGroup.allreduce``, as DDP's reducer does):
+    wall and this process's CPU time per call, off against record, alternated over the rounds."""
+    import torch
+    import torch.distributed as dist
+
+    pg = dist.distributed_c10d._get_default_group()
+    t = torch.ones(1, device=device)
+    wall: dict[str, list[float]] = {"off": [], "record": []}
+    cpu: dict[str, list[float]] = {"off": [], "record": []}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for mode in ("off", "record"):
+            dist.barrier()
+            with _traced(mode, os.path.join(tmp, f"native_{mode}")):
+                start, start_cpu = time.perf_counter(), time.process_time()
+                for _ in range(args.iters):
+                    pg.allreduce([t]).wait()
+                if r:
+                    wall[mode].append((time.perf_counter() - start) / args.iters * 1e6)
+                    cpu[mode].append((time.process_time() - start_cpu) / args.iters * 1e6)
+    return {
+        "wall_us": {m: statistics.median(v) for m, v in wall.items()},
+        "cpu_us": {m: statistics.median(v) for m, v in cpu.items()},
+    }
 
 
 def _record_cpu_us(device: Any, tmp: str, n: int = 2000) -> float:
@@ -164,9 +195,6 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
     )
     if args.backend == "gloo":
         os.environ["DS_ACCELERATOR"] = "cpu"
-    if args.detail_pass:
-        # read when the process group is created: wraps it in torch's own per-call consistency check
-        os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     import torch
     import torch.distributed as dist
 
@@ -182,39 +210,31 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, result_path: str)
         "rounds": args.rounds,
     }
     with tempfile.TemporaryDirectory(prefix="ct_bench_") as tmp:
-        if args.detail_pass:
-            detail: dict[str, Any] = {"detail_us": _per_call(args, device, tmp, ("off",))["off"]}
-            if args.small_steps:
-                from repro.bench.collective_steps import small_steps
-
-                detail["detail_steps"] = small_steps(args, device, tmp, ("off",))
-            if rank == 0:
-                with open(result_path, "w") as f:
-                    json.dump(detail, f)
-            dist.destroy_process_group()
-            return
-        results["per_call_us"] = _per_call(args, device, tmp)
-        results["record_cpu_us"] = _record_cpu_us(device, tmp)
-        results["report_s"] = {
-            "size_mismatch": _time_to_report(device, tmp, crossed=False),
-            "crossed_groups": _time_to_report(device, tmp, crossed=True),
-        }
+        if not args.steps_only:
+            results["per_call_us"] = _per_call(args, device, tmp)
+            results["record_cpu_us"] = _record_cpu_us(device, tmp)
+            results["native_call"] = _native_call(args, device, tmp)
+            results["report_s"] = {
+                "size_mismatch": _time_to_report(device, tmp, crossed=False),
+                "crossed_groups": _time_to_report(device, tmp, crossed=True),
+            }
         if args.zero2:
             results["zero2"] = _zero2_steps(args, device, tmp)
         if args.small_steps:
             from repro.bench.collective_steps import STEP_MODES, small_steps
 
             results["small_steps"] = small_steps(args, device, tmp, STEP_MODES)
-    gathered: list[Any] = [None] * args.nproc
-    dist.all_gather_object(gathered, results["report_s"])
-    results["report_s_by_rank"] = gathered
+    if not args.steps_only:
+        gathered: list[Any] = [None] * args.nproc
+        dist.all_gather_object(gathered, results["report_s"])
+        results["report_s_by_rank"] = gathered
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(results, f, indent=2)
     dist.destroy_process_group()
 
 
-def _table(r: dict[str, Any]) -> str:
+def _call_table(r: dict[str, Any]) -> list[str]:
     base = r["per_call_us"]["off"]
     lines = [
         f"backend {r['backend']}, {r['nproc']} ranks, all_reduce of {r['numel']} elements, "
@@ -222,18 +242,26 @@ def _table(r: dict[str, Any]) -> str:
         "| mode | us per call | vs off |",
         "| --- | --- | --- |",
     ]
-    for m in MODES:
-        v = r["per_call_us"][m]
-        lines.append(f"| {m if m != 'every' else 'check=every'} | {v:.1f} | {v / base:.2f}x |")
-    if "detail_us" in r:
-        v = r["detail_us"]
-        lines.append(f"| TORCH_DISTRIBUTED_DEBUG=DETAIL (no tracer) | {v:.1f} | {v / base:.2f}x |")
+    labels = {"every": "check=every", "detail": "TORCH_DISTRIBUTED_DEBUG=DETAIL group (no tracer)"}
+    for m, v in r["per_call_us"].items():
+        lines.append(f"| {labels.get(m, m)} | {v:.1f} | {v / base:.2f}x |")
     lines.append(f"tracer CPU work per call in record mode (no collective): {r['record_cpu_us']:.1f} us")
+    n = r["native_call"]
+    lines.append(
+        "the same all_reduce issued from C++ (ProcessGroup.allreduce, as DDP's reducer does), off / record: "
+        f"{n['wall_us']['off']:.1f} / {n['wall_us']['record']:.1f} us wall, "
+        f"{n['cpu_us']['off']:.1f} / {n['cpu_us']['record']:.1f} us of this process's CPU"
+    )
     lines.append("")
     lines.append("| divergence | time from divergent call to report, per rank (s) |")
     lines.append("| --- | --- |")
     for k in ("size_mismatch", "crossed_groups"):
         lines.append(f"| {k} | " + ", ".join(f"{x[k]:.3f}" for x in r["report_s_by_rank"]) + " |")
+    return lines
+
+
+def _table(r: dict[str, Any]) -> str:
+    lines = _call_table(r) if "per_call_us" in r else [f"backend {r['backend']}, {r['nproc']} ranks"]
     if "zero2" in r:
         z = r["zero2"]
         off = z["step_s"]["off"]
@@ -251,6 +279,13 @@ def _table(r: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    except OSError:
+        return "?"
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m repro.bench.collectives", description=__doc__.split("\n")[0])
@@ -260,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=500)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--out", default=None, help="write the results JSON here too")
-    p.add_argument(
-        "--detail",
-        action="store_true",
-        help="also time the untraced calls under TORCH_DISTRIBUTED_DEBUG=DETAIL (a second set of ranks)",
-    )
+    p.add_argument("--steps-only", action="store_true", help="skip the per-call and time-to-report parts")
     z = p.add_argument_group("ZeRO-2 step (--zero2); defaults: Qwen3-0.6B shape")
     z.add_argument("--zero2", action="store_true")
     z.add_argument("--hidden-size", type=int, default=1024)
@@ -290,23 +321,29 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--bucket-mb", type=float, default=0.25, help="DDP bucket cap and ZeRO-2 bucket size (MB)")
     s.add_argument("--steps-per-round", type=int, default=3)
     args = p.parse_args(argv)
-    args.detail_pass = False
     if args.nproc < 2:
         p.error("--nproc must be >= 2 (the divergence part needs two ranks)")
     import torch.multiprocessing as mp
 
     port = free_port()
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "result.json")
         mp.spawn(_rank_main, args=(args, port, path), nprocs=args.nproc, join=True)
         with open(path) as f:
             results = json.load(f)
-        if args.detail:
-            args.detail_pass = True
-            mp.spawn(_rank_main, args=(args, free_port(), path), nprocs=args.nproc, join=True)
-            with open(path) as f:
-                results.update(json.load(f))
+    results["machine"] = {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+    }
+    m = results["machine"]
     print(_table(results))
+    print(
+        f"machine: {m['cpu']}, {m['cores']} cores; load average (1, 5, 15 min) before "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg_before'])}, after {', '.join(f'{x:.2f}' for x in m['loadavg_after'])}"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

@@ -1,16 +1,20 @@
 """Check mode: before a collective runs, the ranks of its group compare fingerprints through the store.
 
-Each rank publishes its call (op, numel, dtype, root, reduce op, call sites) under a key named by
-the tracing session, the group and the group's sequence number, then reads its peers' keys. A
+Each rank publishes its call (op, numel, dtype, root, reduce op, call sites, its group sequence
+number) under a key named by the tracing session and the group, then reads its peers' keys. A
 difference raises :class:`CollectiveMismatchError` on every rank of the group, before the real
 call could abort (gloo) or hang (NCCL). A peer that does not publish within ``timeout_s`` is
 reported with the last call it published (``.../last/<rank>``, written with every check).
 
-Cost per checked call: one ``multi_set``, one or more ``check`` polls, one ``multi_get`` and one
-``delete_key`` round trip to the store. While a rank waits, it also looks at its peers' last
-published calls: a peer blocked in a call of another group that this rank has not issued yet
-is a certain deadlock and is reported at once, without waiting for the timeout. A rank deletes its key for the previous checked call once it has seen
-every peer's current key: each peer reads that key before publishing the next one.
+Cost per checked call, when the peers are already there: one ``multi_set`` (the store does not
+answer it) and one ``compare_set`` per peer, used as a read that does not block (its expected
+value is never stored, so it writes nothing and returns what the key holds). A rank's key is one
+of two slots per group, overwritten by its next checked call rather than deleted: a peer is at
+most one checked call behind (it needs this rank's key to pass its own check), so the other slot
+still holds what it reads, and the call number in each payload tells a stale slot from the current
+one. While a rank waits, it also looks at its peers' last published calls: a peer blocked in a
+call of another group that this rank has not issued yet is a certain deadlock and is reported at
+once, without waiting for the timeout.
 """
 
 from __future__ import annotations
@@ -27,6 +31,11 @@ from repro.collectives.align import Divergence
 from repro.collectives.events import CallRecord
 
 CHECK_CHOICES = "off, every, sample:N (N >= 1)"
+# compare_set's expected value: never a payload, so compare_set(key, _ABSENT, _ABSENT) stores nothing
+# and returns the key's value, or _ABSENT when there is none.
+_ABSENT = "\x00absent"
+_ABSENT_BYTES = _ABSENT.encode()
+SLOTS = 2
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,6 @@ class Checker:
         self.timeout_s = timeout_s
         self.prefix = f"repro_ct/{session}"
         self._store: Any = None
-        self._previous_key: dict[str, str] = {}
         self._parted: dict[str, dict] = {}  # group -> where the ranks' stacks first differed
         from repro.collectives.p2p import PairChecker
 
@@ -107,10 +115,13 @@ class Checker:
         return self._last_key(rank)
 
     def peer_last(self, rank: int) -> CallRecord | None:
-        store = self.store()
-        if not store.check([self._last_key(rank)]):
-            return None
-        return CallRecord.from_json(json.loads(store.get(self._last_key(rank))))
+        raw = self.read(self._last_key(rank))
+        return None if raw is None else CallRecord.from_json(json.loads(raw))
+
+    def read(self, key: str) -> bytes | None:
+        """A key's value, or None when it is not set: one round trip that never blocks."""
+        raw = self.store().compare_set(key, _ABSENT, _ABSENT)
+        return None if raw == _ABSENT_BYTES else raw
 
     def check_p2p(self, rec: CallRecord, tracer: Any, block: bool, publish: bool = True) -> None:
         """Point-to-point ops: publish them, and verify their counterparts (waiting when ``block``).
@@ -122,8 +133,8 @@ class Checker:
             self.pairs.publish(rec)
         self.pairs.verify(rec, tracer, block)
 
-    def _key(self, group: str, seq: int, rank: int) -> str:
-        return f"{self.prefix}/{group}/{seq}/{rank}"
+    def _key(self, group: str, slot: int, rank: int) -> str:
+        return f"{self.prefix}/{group}/{slot}/{rank}"
 
     def _last_key(self, rank: int) -> str:
         return f"{self.prefix}/last/{rank}"
@@ -133,21 +144,14 @@ class Checker:
             return
         store = self.store()
         mine = _payload(rec)
-        own_key = self._key(rec.group, rec.group_seq, rec.rank)
-        store.multi_set([own_key, self._last_key(rec.rank)], [mine, mine])
-        peers = [r for r in rec.ranks if r != rec.rank]
-        peer_keys = [self._key(rec.group, rec.group_seq, r) for r in peers]
-        crossed = self._wait_for_peers(rec, peers, peer_keys, tracer)
+        slot = (rec.group_seq // self.mode.every) % SLOTS
+        store.multi_set([self._key(rec.group, slot, rec.rank), self._last_key(rec.rank)], [mine, mine])
+        keys = {r: self._key(rec.group, slot, r) for r in rec.ranks if r != rec.rank}
+        calls = {rec.rank: rec}
+        crossed = self._wait_for_peers(rec, keys, calls, tracer)
         if crossed is not None:
             crossed.before = [(c, None) for c in previous]
             self.fail(crossed, tracer)
-        calls = {rec.rank: rec}
-        for r, raw in zip(peers, store.multi_get(peer_keys), strict=False):
-            calls[r] = CallRecord.from_json(json.loads(raw))
-        old = self._previous_key.get(rec.group)
-        if old is not None:
-            store.delete_key(old)
-        self._previous_key[rec.group] = own_key
         # Every rank compares the same pairs (lowest rank against each other one), so all raise
         # the same report.
         ordered = sorted(calls)
@@ -181,37 +185,57 @@ class Checker:
             div.before = [(c, None) for c in previous]
             self.fail(div, tracer)
 
+    def _collect(self, rec: CallRecord, keys: dict[int, str], calls: dict[int, CallRecord]) -> bool:
+        """Read the peers' payloads for this call not read yet into ``calls``; True once all are in.
+
+        A slot that still holds the peer's previous checked call (another sequence number) is
+        read again on the next poll.
+        """
+        for r, key in keys.items():
+            if r in calls:
+                continue
+            raw = self.read(key)
+            if raw is None:
+                continue
+            theirs = CallRecord.from_json(json.loads(raw))
+            if theirs.group_seq == rec.group_seq:
+                calls[r] = theirs
+        return len(calls) > len(keys)
+
     def _wait_for_peers(
-        self, rec: CallRecord, peers: list[int], peer_keys: list[str], tracer: Any
+        self, rec: CallRecord, keys: dict[int, str], calls: dict[int, CallRecord], tracer: Any
     ) -> Divergence | None:
         """Poll until every peer published this call; a deadlock or the timeout gives a divergence.
 
-        Polling with ``check`` rather than a blocking ``wait``: while waiting, peers' last
-        published calls are inspected, which finds crossed waits across groups in a fraction of
-        a second (rank 0 in group A waiting for rank 1, rank 1 in group B waiting for rank 0).
+        Polling rather than a blocking ``wait``: while waiting, peers' last published calls are
+        inspected, which finds crossed waits across groups in a fraction of a second (rank 0 in
+        group A waiting for rank 1, rank 1 in group B waiting for rank 0); and a TCPStore ``wait``
+        that times out leaves its connection unusable (seen with torch 2.13). The pause between
+        polls stays short at first: a peer a few milliseconds late (ranks drift within a step)
+        must not cost ten.
         """
-        store = self._store
-        if store.check(peer_keys):
+        if self._collect(rec, keys, calls):
             return None
         start = time.monotonic()
         pause, next_look = 5e-5, start + 0.1
         while True:
             time.sleep(pause)
-            pause = min(pause * 2, 0.01)
-            if store.check(peer_keys):
+            now = time.monotonic()
+            pause = min(pause * 2, 0.0005 if now - start < 0.2 else 0.01)
+            if self._collect(rec, keys, calls):
                 return None
             now = time.monotonic()
+            missing = [r for r in keys if r not in calls]
             if now - start > self.timeout_s:
-                missing = [r for r, k in zip(peers, peer_keys, strict=False) if not store.check([k])]
-                return self.timeout_divergence(rec, missing or peers)
+                return self.timeout_divergence(rec, missing)
             if now >= next_look:
                 next_look = now + 0.1
-                crossed = self._crossed_wait(rec, peers, peer_keys, tracer)
+                crossed = self._crossed_wait(rec, {r: keys[r] for r in missing}, calls, tracer)
                 if crossed is not None:
                     return crossed
 
     def _crossed_wait(
-        self, rec: CallRecord, peers: list[int], peer_keys: list[str], tracer: Any
+        self, rec: CallRecord, missing: dict[int, str], calls: dict[int, CallRecord], tracer: Any
     ) -> Divergence | None:
         """A peer blocked in a checked call that this rank has not issued: neither can go on.
 
@@ -220,12 +244,14 @@ class Checker:
         """
         from repro.collectives.p2p import blocked_on, pair_divergence
 
-        store = self._store
-        for r, k in zip(peers, peer_keys, strict=False):
-            if store.check([k]):
-                continue
+        for r, key in missing.items():
             theirs = self.peer_last(r)
             if theirs is None or (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
+                continue
+            # Its last call may be a later one because it published this call, read ours and went
+            # on since this rank last polled: it published this one first, so the slot shows it now.
+            self._collect(rec, {r: key}, calls)
+            if r in calls:
                 continue
             if theirs.group_seq is None:  # the peer is blocked in a point-to-point op
                 if blocked_on(theirs, rec.rank, tracer.pairs, tracer.group_seq):

@@ -274,8 +274,38 @@ def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | No
     return "\n".join(kept[-lines:])
 
 
+_COLLECTIVE_FRAME = re.compile(r'File "[^"]*[/\\\\]torch[/\\\\]distributed[/\\\\]')
+
+
+def raised_in_collective(traceback: str) -> bool:
+    """Whether the exception came out of torch.distributed: often a peer's failure seen from here.
+
+    gloo raises "Connection closed by peer" in the collective a rank waits in once the rank it
+    waits for has died; which of the two tracebacks the job leaves then depends on timing.
+    """
+    return bool(_COLLECTIVE_FRAME.search(traceback))
+
+
 def exception_line(traceback: str) -> str:
     """``ValueError: ...``: the first unindented line after a traceback's last frame."""
     lines = traceback.splitlines()
     last_frame = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
     return next((line for line in lines[last_frame + 1 :] if line and not line.startswith(" ")), "")
+
+
+def raised_report(raised: dict[int, str]) -> str:
+    """The ranks' own exceptions (rank -> traceback), the one that started it first.
+
+    A rank that raised outside torch.distributed leads; one that raised inside a collective (its
+    peer's death seen from there) follows and is marked as a consequence.
+    """
+    order = sorted(raised, key=lambda r: (raised_in_collective(raised[r]), r))
+    origin = next((r for r in order if not raised_in_collective(raised[r])), None)
+    parts = []
+    for r in order:
+        tb = raised[r]
+        later = ""
+        if origin is not None and r != origin and raised_in_collective(tb):
+            later = f" (inside a collective, after rank {origin} raised: a consequence of it)"
+        parts.append(f"rank {r} raised {exception_line(tb)}{later}\n{tb}\n")
+    return "\n".join(parts)

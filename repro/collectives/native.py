@@ -18,6 +18,7 @@ Point-to-point ops from C++ are not traced here (their pairing needs the Python 
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -63,29 +64,30 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+_boxed_types: dict[tuple[type, Any], bool] = {}
+
+
 def _unbox(obj: Any, cls: Any) -> Any:
-    unbox = getattr(cls, "unbox", None)
-    if unbox is None or isinstance(obj, cls):
-        return obj
-    return unbox(obj)
-
-
-def _on_done(tracer: Any, index: int, work: Any) -> None:
-    """Write the call's ``ret`` when its work completes (on the backend's thread)."""
-
-    def done(_future: Any) -> None:
-        if active() is tracer:
-            tracer.write_event({"ev": "ret", "index": index, "t": time.time()})
-
-    try:
-        work = _unbox(work, dist.distributed_c10d.Work)
-        work.get_future().add_done_callback(done)
-    except Exception:  # a backend without futures: the call counts as returned once posted
-        done(None)
+    # isinstance against these classes goes through a Python metaclass hook: ask once per type.
+    key = (type(obj), cls)
+    boxed = _boxed_types.get(key)
+    if boxed is None:
+        boxed = _boxed_types[key] = getattr(cls, "unbox", None) is not None and not isinstance(obj, cls)
+    return cls.unbox(obj) if boxed else obj
 
 
 def _kernel(name: str, packet: Any) -> Callable:
     op, tensor_at, group_at, root_at, size_free = NATIVE_OPS[name]
+    # The operator called boxed through its handle: the OpOverload's __call__ first scans every
+    # argument for fake script objects (for export), and its C++ entry point looks for
+    # __torch_function__ on each (an exception caught per ScriptObject argument). On a
+    # 1-element gloo all_reduce: 43 us of CPU through ``_op``, 21 us boxed, 12 us untraced.
+    handle = getattr(packet, "_handle", None)
+    call_boxed = getattr(torch._C, "_dispatch_call_boxed", None)
+    if handle is not None and call_boxed is not None:
+        packet = functools.partial(call_boxed, handle)
+    else:
+        packet = getattr(packet, "_op", packet)
 
     def kernel(*args: Any) -> Any:
         tracer = active()
@@ -126,7 +128,10 @@ def _kernel(name: str, packet: Any) -> Callable:
         if rec is not None:
             work = result[-1] if isinstance(result, tuple) else result
             if work is not None and not isinstance(work, (torch.Tensor, list)):
-                _on_done(tracer, rec.index, work)
+                try:
+                    tracer.posted(rec, _unbox(work, dist.distributed_c10d.Work))
+                except Exception:  # a work that cannot be unboxed counts as returned once posted
+                    tracer.after(rec)
             else:
                 tracer.after(rec)
         return result

@@ -38,6 +38,7 @@ from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
 from repro.collectives.groups import GroupInfo, dtype_name, p2p_peer
 from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
 from repro.collectives.p2p import BLOCKING, ROLE, PairCounter
+from repro.collectives.pending import PendingReturns
 from repro.collectives.splits import split_numels
 
 _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
@@ -58,6 +59,7 @@ class Tracer:
         self._history: dict[str, deque[CallRecord]] = {}
         self.pairs = PairCounter()
         self._lock = threading.Lock()
+        self.pending = PendingReturns(self)
 
     # -- file ---------------------------------------------------------------------------------
     def _open(self) -> TraceFileWriter:
@@ -89,7 +91,17 @@ class Tracer:
     def write_event(self, event: dict[str, Any]) -> None:
         (self._writer or self._open()).write(event)
 
+    def write_lines(self, lines: list[str]) -> None:
+        """Events already formatted as JSON objects, in one write."""
+        (self._writer or self._open()).write_line("\n".join(lines))
+
+    def posted(self, rec: CallRecord, work: Any) -> None:
+        """An async call issued from C++ is on its way: its ``ret`` is written once ``work`` completes."""
+        with self._lock:
+            self.pending.add(rec.index, work)
+
     def close(self) -> None:
+        self.pending.close()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -178,6 +190,7 @@ class Tracer:
         with self._lock:
             if self._writer is None:
                 self._open()
+            self.pending.flush()
             rec = self.describe(op, args, kwargs)
             if rec is None:
                 return None
@@ -196,6 +209,7 @@ class Tracer:
         with self._lock:
             if self._writer is None:
                 self._open()
+            self.pending.flush()
             info = self._group(group)
             if not info.member:
                 return None

@@ -119,11 +119,11 @@ def cause(d: Divergence) -> str | None:
     """
     a, b = d.call_a, d.call_b if d.call_b is not None else d.last_b
     if a is None or b is None or not (a.issuer and b.issuer):
-        return None
+        return _extra_pass(d)
     sa, sb = dict(_DDP_SETTING.findall(a.issuer)), dict(_DDP_SETTING.findall(b.issuer))
     differ = [k for k in sa if k in sb and sa[k] != sb[k]]
     if not differ:
-        return None
+        return _extra_pass(d)
     where = {r: (_BUILT_AT.search(c.issuer) or [None, "?"])[1] for r, c in ((d.rank_a, a), (d.rank_b, b))}
     settings = "; ".join(f"{k}={sa[k]} on rank {d.rank_a}, {k}={sb[k]} on rank {d.rank_b}" for k in differ)
     text = (
@@ -137,6 +137,50 @@ def cause(d: Divergence) -> str | None:
             "parameters used, which a reducer without it never issues"
         )
     return text
+
+
+def _entry(stack: list[str], other: list[str]) -> tuple[str, str | None]:
+    """Where ``stack`` leaves ``other``, outermost first: that frame's line and the function it called."""
+    mine, theirs = list(reversed(stack)), list(reversed(other))
+    pairs = enumerate(zip(mine, theirs, strict=False))
+    i = next((k for k, (x, y) in pairs if x != y), min(len(mine), len(theirs)))
+    i = min(i, len(mine) - 1)
+    callee = mine[i + 1].rsplit(" ", 1)[-1] if i + 1 < len(mine) else None
+    return mine[i], callee
+
+
+def _extra_pass(d: Divergence) -> str | None:
+    """A pass one rank ran and the other did not, when the stacks where the paths parted show it.
+
+    The library issues the same collectives for the extra pass (an extra forward/backward through
+    a helper) as for the next step's, so the calls differ only later. The rank that now issues
+    the divergent call from the path the other rank took at the parting is the one that ran more.
+    """
+    p = d.parted
+    if not p or d.call_a is None:
+        return None
+    stacks = {int(r): s for r, s in p["stacks"].items()}  # JSON made the ranks strings
+    sa, sb = stacks.get(d.rank_a), stacks.get(d.rank_b)
+    if not sa or not sb:
+        return None
+    extra = None
+    if d.call_a.stack and d.call_a.stack == sb:
+        extra, other, se, so = d.rank_a, d.rank_b, sa, sb
+    elif d.call_b is not None and d.call_b.stack and d.call_b.stack == sa:
+        extra, other, se, so = d.rank_b, d.rank_a, sb, sa
+    if extra is None:
+        return (
+            f"the ranks ran different code that issues the same collectives, from call #{p['seq']} on group "
+            f"{d.group} on (see where their paths parted, below): one of them ran a pass the other did not "
+            "(an extra forward/backward through a helper, a skipped step)"
+        )
+    line, callee = _entry(se, so)
+    into = f" (into {callee})" if callee else ""
+    return (
+        f"rank {extra} ran an extra pass that rank {other} did not: the call at {line}{into}. It issued the "
+        f"same collectives as rank {other}'s next step (from call #{p['seq']} on group {d.group}, see where "
+        f"their paths parted, below), so the calls differ only later, where rank {extra} is a pass behind"
+    )
 
 
 def _row(label: str, left: str, right: str, width: int) -> str:

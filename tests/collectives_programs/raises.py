@@ -7,7 +7,7 @@ from _common import DIVERGENT, finish, init
 
 def load_batch(rank: int, step: int) -> torch.Tensor:
     if DIVERGENT and rank == 1 and step == 1:
-        raise ValueError(f"batch {step} on rank {rank} has no rows")  # expect: 1
+        raise ValueError(f"batch {step} on rank {rank} has no rows")  # raises: 1
     return torch.ones(4)
 
 

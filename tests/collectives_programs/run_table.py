@@ -4,7 +4,9 @@
 
 Per program and mode: caught? (the launcher exits non-zero with a report), seconds from the
 divergent call (its recorded start time) to the end of the report, call sites right? (every line
-marked ``# expect: <rank>|both`` in the program appears in the report as ``program.py:<line>``)
+marked ``# expect: <rank>|both`` in the program appears in the report as ``program.py:<line>``;
+a line marked ``# raises: <rank>``, where that rank raises by itself, appears as the report shows
+it: the output leads with ``rank <rank> raised`` and its traceback names the line as Python does)
 and clean twin clean? (exit 0, no divergence).
 """
 
@@ -78,6 +80,27 @@ def expected_sites(program: str) -> list[str]:
     ]
 
 
+def expected_raises(program: str) -> list[tuple[int, int]]:
+    """(rank, line) of each line marked ``# raises: <rank>``: where that rank raises by itself."""
+    lines = (HERE / f"{program}.py").read_text().splitlines()
+    return [(int(m.group(1)), i + 1) for i, line in enumerate(lines) if (m := re.search(r"# raises: (\d+)", line))]
+
+
+def sites_shown(program: str, text: str) -> bool:
+    """Whether the launcher's output (stdout first) shows every marked line as a report prints it.
+
+    A rank's own exception leads the output, ahead of what the trace saw of its peers, and its
+    traceback names the line in Python's form (``File ".../raises.py", line 10, in load_batch``),
+    not as a call site.
+    """
+    if not all(s in text for s in expected_sites(program)):
+        return False
+    return all(
+        text.startswith(f"rank {rank} raised ") and f'{program}.py", line {line}, in ' in text
+        for rank, line in expected_raises(program)
+    )
+
+
 def _launch(program: str, check: str, twin: str, out: pathlib.Path) -> tuple[int, str, float]:
     env = dict(os.environ, PYTHONPATH=pythonpath(REPO))
     cmd = [
@@ -127,7 +150,7 @@ def run_one(program: str, mode: str, work: pathlib.Path) -> Row:
         starts = [c.t for c in (div.call_a, div.call_b) if c is not None and c.t]
         seconds = t_done - min(starts) if starts else None
     caught = code not in (0, 124) and div is not None
-    sites = all(s in text for s in expected_sites(program))
+    sites = sites_shown(program, text)
     clean_code, clean_text, _ = _launch(program, MODES[mode], "clean", out / "clean")
     clean = clean_code == 0 and "no divergence" in clean_text
     headline = ""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import time
 
 from tests.distributed.collectives.test_trace import _launch
@@ -56,3 +57,17 @@ def test_the_ddp_find_unused_parameters_hang_is_reported_within_the_stall_limit_
     assert "find_unused_parameters=True on rank 1" in text
     # stall limit + the 1.5 s stack dump + teardown on a loaded 2-core machine
     assert finished - _last_record_t(out) < 5 + 25, text
+
+
+def test_an_extra_forward_through_a_helper_on_one_fsdp2_rank_is_named_as_the_cause(tmp_path):
+    done, _ = _run("fsdp2_helper", "divergent", tmp_path / "div", "every")
+    text = done.stdout + done.stderr
+    assert done.returncode == 1, text
+    # (the script's path as given to the launcher: absolute here, so its package path is printed)
+    assert re.search(
+        r"Cause: rank 0 ran an extra pass that rank 1 did not: the call at \S*fsdp2_helper\.py:30 <module> "
+        r"\(into gradient_probe\)",
+        text,
+    ), text
+    clean, _ = _run("fsdp2_helper", "clean", tmp_path / "clean", "every")
+    assert clean.returncode == 0 and "no divergence" in clean.stdout, clean.stdout + clean.stderr

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from repro.collectives.align import Divergence, parted
 from repro.collectives.events import RankTrace
-from repro.collectives.launch import exception_line, own_exception
+from repro.collectives.launch import exception_line, own_exception, raised_report
 from repro.collectives.report import cause, format_divergence
 from tests.unit.collectives.helpers import call
 
@@ -71,3 +71,55 @@ def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_o
     assert tb is not None and "frozen runpy" not in tb and "Current thread" not in tb
     assert exception_line(tb) == "ValueError: batch 1 has no rows"
     assert own_exception(tmp_path, 0) is None
+
+
+def _extra_forward_divergence(rank0_back_in_step: bool) -> Divergence:
+    """Rank 0 ran a probe (an extra forward/backward) whose collectives equal the next step's."""
+    step, probe = ["train.py:10 train_step", "train.py:28 <module>"], ["train.py:17 gradient_probe", "train.py:30 <module>"]
+    a = call(0, 19, op="all_gather_single", numel=72)
+    b = call(1, 19, op="barrier", numel=0, dtype="")
+    a.stack = step if rank0_back_in_step else ["train.py:16 finish", "train.py:31 <module>"]
+    b.stack = ["train.py:16 finish", "train.py:31 <module>"]
+    div = _mismatch(a, b)
+    div.parted = {"seq": 13, "call": "all_gather_single numel=72 float32", "stacks": {"0": probe, "1": step}}
+    return div
+
+
+def test_an_extra_pass_through_a_helper_is_named_as_the_cause_with_the_line_that_called_it():
+    text = format_divergence(_extra_forward_divergence(rank0_back_in_step=True))
+    assert (
+        "Cause: rank 0 ran an extra pass that rank 1 did not: the call at train.py:30 <module> (into gradient_probe)"
+        in text.splitlines()[1]
+    )
+    assert "from call #13 on group 0" in text
+
+
+def test_an_extra_pass_is_not_blamed_on_a_rank_when_neither_issues_from_the_others_parted_path():
+    reason = cause(_extra_forward_divergence(rank0_back_in_step=False))
+    assert reason is not None and reason.startswith("the ranks ran different code that issues the same collectives")
+    assert "rank 0 ran an extra pass" not in reason
+    plain = _extra_forward_divergence(rank0_back_in_step=True)
+    plain.parted = None
+    assert cause(plain) is None
+
+
+_OWN = (
+    "Traceback (most recent call last):\n"
+    '  File "/x/raises.py", line 10, in load_batch\n'
+    "ValueError: batch 1 on rank 1 has no rows"
+)
+_PEER_DIED = (
+    "Traceback (most recent call last):\n"
+    '  File "/x/raises.py", line 17, in <module>\n'
+    '  File "/venv/site-packages/torch/distributed/distributed_c10d.py", line 3252, in all_reduce\n'
+    "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:28833."
+)
+
+
+def test_the_rank_that_raised_by_itself_leads_and_a_peer_that_then_failed_in_a_collective_follows():
+    text = raised_report({0: _PEER_DIED, 1: _OWN})
+    assert text.startswith("rank 1 raised ValueError: batch 1 on rank 1 has no rows\n")
+    assert "rank 0 raised RuntimeError: [gloo" in text
+    assert "(inside a collective, after rank 1 raised: a consequence of it)" in text
+    both_own = raised_report({0: _OWN.replace("rank 1", "rank 0"), 1: _OWN})
+    assert both_own.startswith("rank 0 raised") and "consequence" not in both_own
