@@ -45,6 +45,44 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     # Again at the end: the suites run with -q, which hides the header.
     terminalreporter.write_line(_hypothesis_line(config))
 
+# Test modules whose tests share a module-scoped fixture too costly to build twice (a 2-node Ray
+# cluster): under xdist they run as one unit on one worker.
+_ONE_WORKER_MODULES = ("tests/distributed/cluster/test_multinode.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``-n N`` (xdist's ``load``): hand out tests one at a time in collection order, so that the
+    longest ones, sorted first (``tests/distributed/conftest.py``), start first on whichever worker
+    is free. xdist's own ``load`` scheduler first gives each worker a chunk of a quarter of its
+    share in collection order, which put every long test on one worker. The modules of
+    ``_ONE_WORKER_MODULES`` go as one unit. (``--dist loadgroup`` would do the grouping, but
+    pytest-xdist 3.8 marks groups through ``item._nodeid``, which pytest 9.2 no longer reads.)"""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LongestFirst(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in _ONE_WORKER_MODULES else nodeid
+
+        def _reschedule(self, node) -> None:
+            # One unit queued behind the running test, not xdist's three: a long test that is
+            # still queued waits for no worker but its own.
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) > 1:
+                return
+            self._assign_work_unit(node)
+
+    config.option.loadscopereorder = False  # keep the collection order (longest first)
+    return LongestFirst(config, log)
+
+
 # Keep DeepSpeed on its CPU accelerator unless a GPU run asks otherwise.
 if not os.environ.get("REPRO_GPU_TESTS"):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -22,10 +22,20 @@ _HERE = pathlib.Path(__file__).parent.resolve()
 os.environ.setdefault("RAY_enable_worker_prestart", "0")
 
 
-# Modules whose tests take a minute or more each on 2 cores (real Ray jobs; dozens of 2-rank
-# property examples). They go first, so that pytest-xdist hands them out before the short tests
-# (longest first keeps both workers busy until the end).
-_LONG_MODULES = ("test_trainer.py", "test_batch_splits.py")
+# The costliest modules first, most CPU first (measured 2026-11-25 with a per-test cgroup on 2
+# cores: results/test_suite_speed.md), then the other slow-marked tests, then the rest. The
+# root conftest's scheduler hands tests out one at a time in this order (longest first keeps both
+# workers busy until the end).
+_LONG_MODULES = ("test_multinode.py", "test_lora_run.py", "test_run_safety.py", "test_sft.py", "test_bench_cli.py",
+                 "test_bench_workers.py", "test_batch_splits.py", "test_checkpoint_fallback.py",
+                 "test_verl_algorithms_e2e.py", "test_trace.py", "test_launch.py")
+
+
+def _cost_rank(item: pytest.Item) -> tuple[int, int]:
+    name = item.path.name
+    if name in _LONG_MODULES:
+        return (0, _LONG_MODULES.index(name))
+    return (1, 0) if item.get_closest_marker("slow") else (2, 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -34,7 +44,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.resolve().is_relative_to(_HERE):
             item.add_marker(pytest.mark.distributed)
     # A stable sort: every xdist worker computes the same order, as xdist requires.
-    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.path.name in _LONG_MODULES))
+    items.sort(key=_cost_rank)
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from repro.rl.metrics import MetricsLog
+from tests.distributed.test_trainer import DETERMINISTIC
 from tests.distributed.test_trainer import SMALL as TRAINER_SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -147,18 +148,30 @@ def test_ctrl_c_leaves_no_process_and_records_the_checkpoint(tmp_path):
     _interrupt("ctrl-c", tmp_path / "outputs")
 
 
-@pytest.mark.slow  # one real job on a cluster of its own, then the cleanup: about 30 s on 2 cores
-def test_no_ray_process_of_a_kill_9_driver_outlives_the_cleanup(tmp_path):
+_KILLED = ["trainer.total_training_steps=3", "trainer.save_freq=2"]
+
+
+@pytest.mark.slow  # a job on a cluster of its own killed, the cleanup, a reference and the resumed run: ~40 s
+def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_resume_matches_an_uninterrupted_run(
+        tmp_path, ray_head):
     """kill -9 of the driver leaves Ray 2.60's DashboardAgent and RuntimeEnvAgent running (re-parented
     to init, ~190 MB); the cleanup that every local start runs first (and python -m
-    repro.cluster.ray_reaper by hand) ends them and nothing else."""
-    outputs = tmp_path / "outputs"
+    repro.cluster.ray_reaper by hand) ends them and nothing else. The same command then resumes
+    the killed run from its step-2 checkpoint, and its steps 1-3 equal an uninterrupted run's
+    bitwise (one job serves both claims: a second kill -9 victim on a cluster of its own cost ~20 CPU s)."""
+    outputs, straight = tmp_path / "outputs", tmp_path / "straight"
+    # The uninterrupted reference (on the worker's shared Ray head) runs alongside the victim.
+    reference = subprocess.Popen(_cmd(*_KILLED, f"trainer.output_dir={straight}"), cwd=ROOT,
+                                 env=_env(tmp_path / "ref", ray_head), stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # The victim starts a Ray cluster of its own and pauses after its step-2 checkpoint, so the
+    # kill always lands before its last step.
     env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
-    proc = subprocess.Popen(_cmd(*_INTERRUPTED), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(_cmd(*_KILLED), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
-        _run_dir_at_step_2_checkpoint(outputs, proc)
+        run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
         procs = _job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
         names = {p.name() for p in procs}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
@@ -178,6 +191,19 @@ def test_no_ray_process_of_a_kill_9_driver_outlives_the_cleanup(tmp_path):
         for p in (proc, bystander):
             if p.poll() is None:
                 p.kill()
+        ref_out, _ = reference.communicate(timeout=240)
+    assert reference.returncode == 0, ref_out[-6000:]
+    assert '"status": "running"' in (run_dir / "run.json").read_text()
+
+    # The same command resumes the killed run's folder from its step-2 checkpoint and does step 3.
+    done = _run(_cmd(*_KILLED), outputs, ray_address=ray_head)
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'}" in (run_dir / "train.log").read_text()
+    a, b = MetricsLog(straight / "metrics.tsv").rows, MetricsLog(run_dir / "metrics.tsv").rows
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b, strict=True):
+        for key in DETERMINISTIC:
+            assert ra[key] == rb[key], f"step {ra['step']} {key}: uninterrupted {ra[key]} vs resumed {rb[key]}"
 
 
 @pytest.mark.slow  # three real jobs, one after the other: about 30 s on 2 cores

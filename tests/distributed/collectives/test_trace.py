@@ -313,12 +313,12 @@ def _zero2_rank(rank: int, world_size: int, skip: bool, check: str, out_dir: str
 
 
 def test_zero2_actor_inactive_skip_is_caught_naming_scalar_all_reduce_and_gradient_reduction(
-    multirank, tmp_path
+    pooled, tmp_path
 ):
     from repro.scenarios.zero2_inactive_micro import make_model_dir
 
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_zero2_rank, args=(True, "every", str(tmp_path / "trace"), model_dir), timeout_s=90)
+    results = pooled(_zero2_rank, args=(True, "every", str(tmp_path / "trace"), model_dir), timeout_s=90)
     grads = _tiny_qwen3_numel()
     for r in results:  # both ranks raise (neither is aborted by gloo)
         assert r["raised"], r
@@ -342,13 +342,13 @@ def test_zero2_actor_inactive_skip_is_caught_naming_scalar_all_reduce_and_gradie
     assert f"rank 1 issued all_reduce numel={grads} float32" in results[0]["report"]
 
 
-def test_zero2_actor_without_the_shortcut_ranks_issue_identical_collectives(multirank, tmp_path):
+def test_zero2_actor_without_the_shortcut_ranks_issue_identical_collectives(pooled, tmp_path):
     from repro.collectives.events import read_trace_dir
     from repro.scenarios.zero2_inactive_micro import make_model_dir
 
     out = tmp_path / "trace"
     model_dir = make_model_dir(tmp_path / "model")
-    results = multirank(_zero2_rank, args=(False, "every", str(out), model_dir), timeout_s=90)
+    results = pooled(_zero2_rank, args=(False, "every", str(out), model_dir), timeout_s=90)
     assert not any(r["raised"] for r in results)
     # Rank 0's empty micro-batch ran with a zero loss: the update is the same on both ranks.
     assert results[0]["param_checksum"] == results[1]["param_checksum"]
