@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from repro.rl.metrics import MetricsLog
+
 PEERS = ("repro-zero2", "repro-zero3", "verl-dp", "verl-deepspeed", "trl")
 SPLIT = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/update_weights", "timing_s/old_log_prob")
 MEMORY = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
@@ -57,12 +59,6 @@ def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_di
                 "--out", str(run_dir.parent / "verl_runs")]
     return [py, "-m", "repro.integrations.trl.peer", "--policy", str(policy), "--train", str(train),
             "--steps", str(steps), "--out", str(run_dir), "--util", str(UTIL)]
-
-
-def read_tsv(path: Path) -> list[dict[str, float]]:
-    lines = path.read_text().splitlines()
-    keys = lines[0].split("\t")
-    return [{k: float(v) for k, v in zip(keys, line.split("\t"), strict=True)} for line in lines[1:] if line]
 
 
 def summarize(rows: list[dict[str, float]], gpus: int = 1) -> dict[str, float]:
@@ -104,11 +100,13 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _metrics_path(peer: str, run_dir: Path) -> Path:
+def _measured(peer: str, run_dir: Path) -> list[dict[str, float]]:
+    """The rows of ``peer``'s ``metrics.tsv`` (none when it did not get to a step)."""
     if peer.startswith("verl-"):
+        # repro.integrations.verl.e2e names its run folders by engine (ZeRO-2 for deepspeed).
         name = "dp" if peer == "verl-dp" else "deepspeed-zero2"
-        return run_dir.parent / "verl_runs" / name / "metrics.tsv"
-    return run_dir / "metrics.tsv"
+        return MetricsLog(run_dir.parent / "verl_runs" / name / "metrics.tsv").rows
+    return MetricsLog(run_dir / "metrics.tsv").rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 rc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
         except subprocess.TimeoutExpired:
             rc = "timeout"
-        metrics = _metrics_path(peer, run_dir)
-        if metrics.is_file() and metrics.read_text().count("\n") > 1:
-            results[peer] = summarize(read_tsv(metrics)) | {"wall_s": time.time() - t0, "exit": rc}
+        rows = _measured(peer, run_dir)
+        if rows:
+            results[peer] = summarize(rows) | {"wall_s": time.time() - t0, "exit": rc}
         else:
             results[peer] = {"error": f"exit {rc}, no metrics (log {run_dir / 'console.log'})"}
         print(json.dumps({"peer": peer, **results[peer]}), flush=True)
@@ -160,9 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     # Peers measured by earlier calls into the same --out join the table (a 10-minute command limit
     # may split the peers over several calls on one machine); each row says when its run ended.
     for peer in PEERS:
-        metrics = _metrics_path(peer, args.out / peer)
-        if peer not in results and metrics.is_file() and metrics.read_text().count("\n") > 1:
-            results[peer] = summarize(read_tsv(metrics)) | {"earlier_call": True}
+        if peer not in results and (rows := _measured(peer, args.out / peer)):
+            results[peer] = summarize(rows) | {"earlier_call": True}
     results = {peer: results[peer] for peer in PEERS if peer in results}
     import torch
 

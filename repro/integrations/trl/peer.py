@@ -56,15 +56,18 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from repro.rewards import get_reward_fn
+    from repro.integrations.verl.reward import compute_score
+    from repro.rl.metrics import MetricsLog
 
     args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "metrics.tsv").unlink(missing_ok=True)  # this peer's own output of an earlier run
+    metrics = MetricsLog(args.out / "metrics.tsv")
     tokenizer = AutoTokenizer.from_pretrained(args.policy)
     scores: list[float] = []
 
     def reward(prompts, completions, ground_truth, data_source, **_):
-        values = [float(get_reward_fn(src)(c, gt, method="strict", format_score=0.1, score=1.0))
-                  for c, gt, src in zip(completions, ground_truth, data_source, strict=True)]
+        # The score function verl's peers get (the grpo_tiny reward settings), called the same way.
+        values = [compute_score(src, c, gt) for c, gt, src in zip(completions, ground_truth, data_source, strict=True)]
         scores.append(sum(values) / len(values))
         return values
 
@@ -97,29 +100,28 @@ def main(argv: list[str] | None = None) -> int:
         return out
 
     trainer._generate_and_score_completions = timed
-    rows: list[dict[str, float]] = []
 
     class RolloutSteps(TrainerCallback):
-        last = time.perf_counter()
+        """One metrics row per rollout step (every STEPS_PER_ROLLOUT optimizer steps), written as it ends."""
+
+        def __init__(self) -> None:
+            self.last = time.perf_counter()
 
         def on_step_end(self, _args, state, _control, **_kw):
             if state.global_step % STEPS_PER_ROLLOUT:
                 return
             now = time.perf_counter()
-            step = len(rows)
-            rows.append({"step": step + 1, "timing_s/step": now - self.last, "timing_s/gen": gen_s[step],
-                         "timing_s/update_actor": now - self.last - gen_s[step], "critic/score/mean": scores[step],
-                         "perf/total_num_tokens": tokens[step],
-                         "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30})
+            step = len(metrics.rows)
+            row = {"step": step + 1, "timing_s/step": now - self.last, "timing_s/gen": gen_s[step],
+                   "timing_s/update_actor": now - self.last - gen_s[step], "critic/score/mean": scores[step],
+                   "perf/total_num_tokens": tokens[step],
+                   "perf/max_memory_allocated_gb": torch.cuda.max_memory_allocated() / 2**30}
+            metrics.append(row)
             self.last = now
-            print(json.dumps(rows[-1]), flush=True)
+            print(json.dumps(row), flush=True)
 
     trainer.add_callback(RolloutSteps())
-    RolloutSteps.last = time.perf_counter()
     trainer.train()
-    keys = list(rows[0])
-    (args.out / "metrics.tsv").write_text("\n".join(["\t".join(keys)] + [
-        "\t".join(f"{r[k]:.6g}" for k in keys) for r in rows]) + "\n")
     return 0
 
 
