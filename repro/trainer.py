@@ -299,7 +299,12 @@ class PPOTrainer:
         reporter = StepReporter(self.total_steps, start, t.progress)
         try:
             for step in range(start + 1, self.total_steps + 1):
+                profiled = step in t.profile_steps
+                if profiled:
+                    self.group.execute_all_same("profile_start", str(run_dir / "profile"), step)
                 row = {"step": step, **self.train_step(step)}
+                if profiled:
+                    log.info("step %d profiled: %s", step, ", ".join(self.group.execute_all_same("profile_stop")))
                 last = step == self.total_steps
                 if t.test_freq > 0 and (step % t.test_freq == 0 or last):
                     with timer("testing", row):

@@ -38,10 +38,13 @@ SPLIT = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/upd
 MEMORY = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
 SCORE, TAIL = "critic/score/mean", 5
 UTIL = 0.3  # vLLM's gpu_memory_utilization: the verl e2e recipe's, so every peer gets the same
+MINI_BATCH = 128  # samples per mini-batch in the recipe (16 prompts x 8); a micro-batch divides it
 
 
-def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_dir: Path) -> list[str]:
-    """The command line that runs ``peer`` for ``steps`` rollout steps into ``run_dir``."""
+def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_dir: Path,
+             micro: int = MINI_BATCH, vllm_sleep: bool = False) -> list[str]:
+    """The command line that runs ``peer`` for ``steps`` rollout steps into ``run_dir``, every peer
+    with ``micro`` samples per update micro-batch and vLLM's sleep mode on or off alike."""
     py = sys.executable
     if peer.startswith("repro-"):
         stage = peer.removeprefix("repro-zero")
@@ -52,13 +55,20 @@ def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_di
                 "trainer.progress=plain", "actor_rollout_ref.rollout.name=vllm",
                 f"actor_rollout_ref.rollout.gpu_memory_utilization={UTIL}",
                 "actor_rollout_ref.rollout.enforce_eager=True", f"actor_rollout_ref.actor.deepspeed.zero_stage={stage}",
-                "actor_rollout_ref.actor.deepspeed.torch_adam=True"]
+                "actor_rollout_ref.actor.deepspeed.torch_adam=True",
+                f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+                f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}"]
     if peer.startswith("verl-"):
         engine = peer.removeprefix("verl-")
         return [py, "-m", "repro.integrations.verl.e2e", "--engine", engine, "--steps", str(steps),
-                "--out", str(run_dir.parent / "verl_runs")]
+                "--out", str(run_dir.parent / "verl_runs"), "--micro", str(micro), _sleep_flag(vllm_sleep)]
     return [py, "-m", "repro.integrations.trl.peer", "--policy", str(policy), "--train", str(train),
-            "--steps", str(steps), "--out", str(run_dir), "--util", str(UTIL)]
+            "--steps", str(steps), "--out", str(run_dir), "--util", str(UTIL), "--micro", str(micro),
+            _sleep_flag(vllm_sleep)]
+
+
+def _sleep_flag(on: bool) -> str:
+    return "--vllm-sleep" if on else "--no-vllm-sleep"
 
 
 def summarize(rows: list[dict[str, float]], gpus: int = 1) -> dict[str, float]:
@@ -116,12 +126,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("outputs/peers"))
     p.add_argument("--timeout", type=float, default=560.0, help="seconds per peer")
     p.add_argument("--trl-pythonpath", default="", help="prepended to PYTHONPATH for the trl peer only")
+    p.add_argument("--micro", type=int, default=MINI_BATCH,
+                   help=f"samples per update micro-batch, every peer alike; divides {MINI_BATCH} (default: one a mini-batch)")
+    p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
+                   help="vLLM sleep mode between generations, every peer alike (default off: TRL's default)")
     p.add_argument("--print-commands", action="store_true")
     args = p.parse_args(argv)
     peers = [x for x in args.peers.split(",") if x]
     bad = [x for x in peers if x not in PEERS]
     if bad or not peers or args.steps < 2:
         print(f"--peers {bad or peers}: choose from {list(PEERS)}; --steps must be >= 2", file=sys.stderr)
+        return 2
+    if args.micro < 1 or MINI_BATCH % args.micro:
+        print(f"--micro {args.micro}: must divide the recipe's mini-batch of {MINI_BATCH} samples", file=sys.stderr)
         return 2
     from repro.data.arith import ensure_arith_parquet
     from repro.data.sft import cache_root, ensure_tiny_policy
@@ -132,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, float]] = {}
     for peer in peers:
         run_dir = args.out / peer
-        cmd = commands(peer, args.steps, policy, train, val, run_dir)
+        cmd = commands(peer, args.steps, policy, train, val, run_dir, args.micro, args.vllm_sleep)
         if args.print_commands:
             print(" ".join(cmd))
             continue

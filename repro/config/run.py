@@ -163,8 +163,13 @@ class TrainerConfig:
     """Existing Ray cluster to join; None starts a local one."""
     progress: str = "auto"
     """auto (bar on a terminal), bar or plain."""
+    profile_steps: list[int] = field(default_factory=list)
+    """Steps to run under torch.profiler on every rank: <run dir>/profile/ gets each rank's top
+    operators (CPU and device time) and a Chrome trace per listed step. Costs the step's speed."""
 
     def __post_init__(self) -> None:
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.profile_steps):
+            _fail(self, "profile_steps", "must list step numbers >= 1")
         _positive(self, "n_gpus_per_node")
         _positive(self, "nnodes")
         _choice(self, "device", DEVICES)

@@ -39,6 +39,7 @@ IGNORED: tuple[str, ...] = (
     "trainer.val_before_train",
     "trainer.logger",
     "trainer.progress",
+    "trainer.profile_steps",
     "trainer.project_name",
     "trainer.experiment_name",
     "trainer.output_dir",

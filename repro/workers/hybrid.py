@@ -67,6 +67,7 @@ class HybridWorker:
         self.rollout = make_rollout(cfg)
         self._nvml_peak = 0.0
         self._infer_mfu: float | None = None
+        self._profiler: Any = None
 
     def engine_setup(self) -> dict[str, dict[str, Any]]:
         """Per role with an engine of its own: ZeRO stage and placement as DeepSpeed built them
@@ -159,6 +160,17 @@ class HybridWorker:
                 # The engine reads NVML after the update; the peak also covers generation.
                 metrics["perf/nvml_memory_used_gb"] = max(self._nvml_peak, metrics.get("perf/nvml_memory_used_gb", 0.0))
         return metrics
+
+    # ---- profiling ---------------------------------------------------------------------------
+    def profile_start(self, out_dir: str, step: int) -> None:
+        """Run this rank's part of ``step`` under torch.profiler (``trainer.profile_steps``)."""
+        from repro.workers.profiling import StepProfiler
+
+        self._profiler = StepProfiler(out_dir, self.rank)
+        self._profiler.start(step)
+
+    def profile_stop(self) -> str:
+        return str(self._profiler.stop())
 
     # ---- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(self, root: str, step: int, extra: dict[str, Any]) -> list[str]:

@@ -26,7 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-STEPS_PER_ROLLOUT = 4  # num_iterations x steps_per_generation
+# TRL counts micro-batches: an optimizer step every gradient_accumulation_steps of them, a rollout
+# every num_iterations x steps_per_generation; with steps_per_generation = 2 x accumulation a rollout
+# step is 2 epochs x 2 mini-batches = 4 optimizer steps whatever the micro-batch.
+STEPS_PER_ROLLOUT = 4
+MINI_BATCH = 128  # samples per mini-batch: 16 prompts x 8
 
 
 def _dataset(train: Path, tokenizer):
@@ -47,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=30, help="rollout steps")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--util", type=float, default=0.3, help="vllm_gpu_memory_utilization")
+    p.add_argument("--micro", type=int, default=MINI_BATCH, help=f"samples per micro-batch; divides {MINI_BATCH}")
+    p.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=False,
+                   help="vllm_enable_sleep_mode (TRL's default: off)")
     args = p.parse_args(argv)
+    if args.micro < 1 or MINI_BATCH % args.micro:
+        p.error(f"--micro {args.micro}: must divide the mini-batch of {MINI_BATCH} samples")
+    accumulation = MINI_BATCH // args.micro
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": os.environ.get("MASTER_PORT", "29517")}.items():
         os.environ.setdefault(key, value)
@@ -72,11 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         return values
 
     config = GRPOConfig(
-        output_dir=str(args.out / "trainer"), per_device_train_batch_size=128, gradient_accumulation_steps=1,
-        steps_per_generation=2, num_iterations=2, num_generations=8, max_completion_length=12,
+        output_dir=str(args.out / "trainer"), per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=accumulation, steps_per_generation=2 * accumulation, num_iterations=2,
+        num_generations=8, max_completion_length=12,
         temperature=1.0, top_p=1.0, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.01, max_grad_norm=1.0, epsilon=0.2, beta=0.0, scale_rewards="group", loss_type="dapo",
-        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.util, bf16=True,
+        use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.util,
+        vllm_enable_sleep_mode=args.vllm_sleep, bf16=True,
         max_steps=args.steps * STEPS_PER_ROLLOUT, logging_steps=1, report_to="none", save_strategy="no",
         seed=1, data_seed=0, disable_dropout=True,
         deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}, "gradient_clipping": "auto",

@@ -29,8 +29,10 @@ MARGIN, TAIL = 0.10, 5
 _METRIC = re.compile(r"([\w/@.\-]+):([-+0-9.eE]+|nan|inf)")
 
 
-def overrides(engine: str, steps: int, policy: Path, train: Path, val: Path, out: Path, zero_stage: int) -> list[str]:
-    """verl's command line for the run (the grpo_tiny recipe; verl's keys)."""
+def overrides(engine: str, steps: int, policy: Path, train: Path, val: Path, out: Path, zero_stage: int,
+              micro: int = 64, vllm_sleep: bool = True) -> list[str]:
+    """verl's command line for the run (the grpo_tiny recipe; verl's keys). ``micro``: samples per
+    update micro-batch; ``vllm_sleep``: vLLM frees its memory while the actor trains (verl's default)."""
     reward = Path(__file__).with_name("reward.py")
     args = [
         f"model_engine={engine}",
@@ -40,13 +42,14 @@ def overrides(engine: str, steps: int, policy: Path, train: Path, val: Path, out
         f"actor_rollout_ref.model.path={policy}", "actor_rollout_ref.model.use_remove_padding=False",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.ppo_epochs=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
         "actor_rollout_ref.actor.clip_ratio=0.2", "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0.0",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
         "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
         "actor_rollout_ref.rollout.top_k=-1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
+        f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128",
         f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=compute_score",
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["deepspeed", "dp"], default="deepspeed")
     parser.add_argument("--zero-stage", type=int, choices=[1, 2, 3], default=2)
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--micro", type=int, default=64, help="samples per update micro-batch")
+    parser.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=True,
+                        help="vLLM frees its GPU memory while the actor trains (free_cache_engine)")
     parser.add_argument("--out", type=Path, default=Path("results/verl_engine/e2e"))
     parser.add_argument("--print-config", action="store_true", help="compose verl's config and print it; no run")
     parser.add_argument("--plot", action="store_true", help="draw the score curves of the runs under --out; no run")
@@ -127,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     train, val = ensure_arith_parquet(cache_root() / "arith")
     policy = Path("tiny") if args.print_config else ensure_tiny_policy()
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
-           *overrides(args.engine, args.steps, policy, train, val, run_dir, args.zero_stage), *extra]
+           *overrides(args.engine, args.steps, policy, train, val, run_dir, args.zero_stage, args.micro, args.vllm_sleep),
+           *extra]
     # verl imports its plugins in every process, Ray's workers included; without a pip install of
     # repro the entry point is not there, and verl's module list (inherited by the workers) names it.
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -24,6 +24,29 @@ def test_the_repro_peers_command_is_one_the_config_loader_accepts(peer: str, tmp
     assert cfg.actor_rollout_ref.rollout.name == "vllm"
     assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == peers.UTIL
     assert cfg.trainer.total_training_steps == 30
+    # The settings every peer gets alike: one micro-batch per mini-batch, vLLM awake throughout.
+    assert actor.ppo_micro_batch_size_per_gpu == peers.MINI_BATCH
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
+
+
+@pytest.mark.parametrize("micro,sleep", [(32, True), (128, False)])
+def test_every_peer_is_given_the_same_micro_batch_and_vllm_sleep_setting(micro: int, sleep: bool, tmp_path: Path) -> None:
+    for peer in peers.PEERS:
+        cmd = peers.commands(peer, 5, tmp_path, tmp_path, tmp_path, tmp_path / peer, micro, sleep)
+        if peer.startswith("repro-"):
+            assert f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}" in cmd
+            assert f"actor_rollout_ref.rollout.free_cache_engine={sleep}" in cmd
+        else:
+            assert cmd[cmd.index("--micro") + 1] == str(micro)
+            assert ("--vllm-sleep" if sleep else "--no-vllm-sleep") in cmd
+
+
+def test_verls_command_line_carries_the_micro_batch_and_sleep_setting(tmp_path: Path) -> None:
+    from repro.integrations.verl.e2e import overrides
+
+    args = overrides("dp", 3, tmp_path, tmp_path, tmp_path, tmp_path, 2, micro=32, vllm_sleep=False)
+    assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in args
+    assert "actor_rollout_ref.rollout.free_cache_engine=False" in args
 
 
 def _rows(step_s: list[float], scores: list[float]) -> list[dict[str, float]]:
@@ -53,6 +76,11 @@ def test_the_table_ranks_against_the_fastest_and_names_a_failed_peer() -> None:
     assert lines[2].startswith("| a | 3 | 2 |") and lines[2].endswith("| 1.00x |")
     assert lines[3].endswith("| 1.50x |")
     assert lines[4] == "| c | failed: exit 1, no metrics |"
+
+
+def test_a_micro_batch_that_does_not_divide_the_mini_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert peers.main(["--micro", "48"]) == 2
+    assert "--micro 48: must divide the recipe's mini-batch of 128" in capsys.readouterr().err
 
 
 def test_an_unknown_peer_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
