@@ -24,11 +24,24 @@ dozen kernel launches (``python -m repro.bench.logprob_chunks`` measures the cho
 
 
 def _chunks(logits: torch.Tensor, chunk_elements: int):
-    """``(b, start, end)`` slices of ``[B, T, V]`` logits with at most ``chunk_elements`` values each."""
-    rows = max(1, chunk_elements // max(1, logits.shape[-1]))
-    for b in range(logits.shape[0]):
-        for start in range(0, logits.shape[1], rows):
-            yield b, start, min(start + rows, logits.shape[1])
+    """``(rows, positions)`` slices of ``[B, T, V]`` logits with at most ``chunk_elements`` values each.
+
+    Whole sequences are grouped when one fits (short RL responses, small vocabularies: a chunk per
+    sequence would be a dozen launches per sample, which a launch-bound GPU step measured as most of
+    its log-prob time); a longer sequence is cut along its positions. Slices of the first two
+    dimensions only, so a strided ``logits`` is never copied whole.
+    """
+    b, t, v = logits.shape
+    per_sequence = max(1, t * v)
+    if per_sequence <= chunk_elements:
+        rows = chunk_elements // per_sequence
+        for start in range(0, b, rows):
+            yield slice(start, min(start + rows, b)), slice(0, t)
+        return
+    positions = max(1, chunk_elements // max(1, v))
+    for row in range(b):
+        for start in range(0, t, positions):
+            yield slice(row, row + 1), slice(start, min(start + positions, t))
 
 
 def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
@@ -49,14 +62,14 @@ class _TokenLogProb(torch.autograd.Function):
         lse = torch.empty(shape, dtype=acc, device=logits.device)
         log_prob = torch.empty(shape, dtype=acc, device=logits.device)
         entropy = torch.empty(shape if with_entropy else (0,), dtype=acc, device=logits.device)
-        for b, s, e in _chunks(logits, chunk_elements):
-            x = _scaled(logits[b, s:e], acc, temperature)
+        for rows, pos in _chunks(logits, chunk_elements):
+            x = _scaled(logits[rows, pos], acc, temperature)
             chunk_lse = torch.logsumexp(x, dim=-1)
-            lse[b, s:e] = chunk_lse
-            log_prob[b, s:e] = x.gather(-1, labels[b, s:e].unsqueeze(-1)).squeeze(-1) - chunk_lse
+            lse[rows, pos] = chunk_lse
+            log_prob[rows, pos] = x.gather(-1, labels[rows, pos].unsqueeze(-1)).squeeze(-1) - chunk_lse
             if with_entropy:
                 p = torch.exp(x - chunk_lse.unsqueeze(-1))
-                entropy[b, s:e] = chunk_lse - (p * x).sum(-1)
+                entropy[rows, pos] = chunk_lse - (p * x).sum(-1)
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.with_entropy, ctx.chunk_elements = temperature, with_entropy, chunk_elements
         return log_prob, entropy
@@ -67,19 +80,19 @@ class _TokenLogProb(torch.autograd.Function):
         t = ctx.temperature
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         use_entropy = ctx.with_entropy and grad_entropy is not None
-        for b, s, e in _chunks(logits, ctx.chunk_elements):
-            x = _scaled(logits[b, s:e], lse.dtype, t)
-            p = torch.exp(x - lse[b, s:e].unsqueeze(-1))
+        for rows, pos in _chunks(logits, ctx.chunk_elements):
+            x = _scaled(logits[rows, pos], lse.dtype, t)
+            p = torch.exp(x - lse[rows, pos].unsqueeze(-1))
             if grad_log_prob is not None:
-                glp = grad_log_prob[b, s:e].to(lse.dtype)
+                glp = grad_log_prob[rows, pos].to(lse.dtype)
                 g = -p * glp.unsqueeze(-1)
-                g.scatter_add_(-1, labels[b, s:e].unsqueeze(-1), glp.unsqueeze(-1))
+                g.scatter_add_(-1, labels[rows, pos].unsqueeze(-1), glp.unsqueeze(-1))
             else:
                 g = torch.zeros_like(p)
             if use_entropy:
                 mean_x = (p * x).sum(-1, keepdim=True)
-                g += grad_entropy[b, s:e].to(lse.dtype).unsqueeze(-1) * p * (mean_x - x)
-            grad[b, s:e] = (g / t if t != 1.0 else g).to(grad.dtype)
+                g += grad_entropy[rows, pos].to(lse.dtype).unsqueeze(-1) * p * (mean_x - x)
+            grad[rows, pos] = (g / t if t != 1.0 else g).to(grad.dtype)
         return grad, None, None, None, None
 
 

@@ -122,3 +122,31 @@ def test_chunked_log_prob_temporaries_do_not_grow_with_vocabulary():
     assert full_large >= 8 * full_small * 0.99 and full_large >= 4 * 64 * 2048 * 4
     # Chunked: the largest temporary is one fp32 chunk (4096 values), whatever the vocabulary.
     assert chunk_small <= 4096 * 4 and chunk_large <= 4096 * 4, (chunk_small, chunk_large)
+
+
+class _LogSumExpCalls(TorchDispatchMode):
+    """How many log-sum-exp reductions (one per chunk in the forward) the ops issue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls += func.overloadpacket == torch.ops.aten.logsumexp
+        return func(*args, **(kwargs or {}))
+
+
+def _forward_chunks(b: int, t: int, v: int, chunk_elements: int) -> int:
+    logits, labels = torch.randn(b, t + 1, v)[:, :-1], torch.randint(0, v, (b, t))
+    with _LogSumExpCalls() as mode:
+        token_log_probs(logits, labels, chunk_elements=chunk_elements)
+    return mode.calls
+
+
+def test_short_sequences_share_a_chunk_instead_of_taking_one_each():
+    # An RL micro-batch of short responses over a small vocabulary: 128 x 12 x 500 values fit one
+    # chunk; one chunk per sequence was 128 x a dozen launches, most of a launch-bound GPU step.
+    assert _forward_chunks(128, 12, 500, 1 << 24) == 1
+    assert _forward_chunks(128, 12, 500, 12 * 500 * 40) == 4  # 40 sequences a chunk: 40 + 40 + 40 + 8
+    # A sequence longer than a chunk is cut along its positions, as before: 2 rows x ceil(12 / 5).
+    assert _forward_chunks(2, 12, 500, 5 * 500) == 6
