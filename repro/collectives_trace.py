@@ -73,16 +73,20 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     call that never returned is the finding (:mod:`repro.collectives.incomplete`).
     """
     from repro.collectives.incomplete import incomplete
-    from repro.collectives.p2p import p2p_mismatch
+    from repro.collectives.p2p import p2p_mismatch, unreceived
     from repro.collectives.splits import trace_split_mismatch
 
     traces = load_traces(directory)
     for t in sorted(traces.values(), key=lambda t: t.rank):
         if t.check_failures:
             return traces, divergence_from_json(t.check_failures[0]["report"])
-    found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
+    checks = (first_divergence, p2p_mismatch, unreceived, trace_split_mismatch)
+    found = [d for d in (check(traces) for check in checks) if d]
     if found:
         div = min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        if div.kind == "stopped":
+            # seen from the group, a rank stuck in a send that nobody receives merely stops
+            div = next((d for d in found if d.kind == "unreceived" and d.rank_a == div.rank_b), div)
         div.parted = div.parted or parted(traces, div)
         return traces, div
     below = _below_python(pathlib.Path(directory), traces)
