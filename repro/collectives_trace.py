@@ -8,7 +8,9 @@ From code::
 Inside any launcher (torchrun, Ray workers): set ``REPRO_COLLECTIVES_TRACE=<dir>`` (and optionally
 ``REPRO_COLLECTIVES_CHECK=every|sample:N|off``, ``REPRO_COLLECTIVES_TIMEOUT_S``) and call
 :func:`install_from_env` early (``repro.cluster.process_group.init_distributed`` does), or start the script
-through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``). From the shell::
+through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``); under ``run`` each rank
+also dumps PyTorch's Flight Recorder into the directory when its record stalls with a call outstanding
+(``REPRO_COLLECTIVES_STALL_S``, default 30) and on SIGTERM, for ``analyze``. From the shell::
 
     python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- script.py ARGS
     python -m repro.collectives_trace launch --nproc-per-node 2 --out DIR -- -m package.module ARGS
@@ -37,7 +39,9 @@ from repro.collectives.events import RankTrace, read_trace_dir
 from repro.collectives.flight_recorder import read_dump_dir
 from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
 from repro.collectives.session import (
+    DEFAULT_STALL_S,
     ENV_DIR,
+    ENV_STALL,
     install_from_env,
     trace_collectives,
 )
@@ -232,6 +236,15 @@ def _check_run(args: argparse.Namespace) -> None:
             f"set it ({ENV_DIR}=trace/) or use 'launch', which sets it"
         )
     _run_target(args).check()
+    _stall_s()
+
+
+def _stall_s() -> float:
+    raw = os.environ.get(ENV_STALL, str(DEFAULT_STALL_S))
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_STALL}={raw!r} is not a number of seconds") from None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -240,7 +253,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     target = _run_target(args)
     register_stack_dump()
-    live_fr.start(os.environ[ENV_DIR])
+    # Under torchrun nothing else watches this rank: it dumps its Flight Recorder itself on a stall.
+    live_fr.start(os.environ[ENV_DIR], stall_s=_stall_s())
     install_from_env()
     sys.argv = [target.name, *target.args]
     try:
