@@ -65,6 +65,11 @@ def _p2p_step(kind: str, rank: int) -> object:
             dist.recv(out, src=0)
             dist.send(out * 2, dst=0)
         return out.tolist()
+    elif kind == "any_source_dtype":
+        if rank == 1:
+            dist.send(torch.ones(4), dst=0)  # p2p:anysend
+        else:
+            dist.recv(torch.zeros(4, dtype=torch.int32))  # p2p:anyrecv
     elif kind == "any_source":
         if rank == 1:
             dist.send(torch.full((3,), 1.0), dst=0)
@@ -187,3 +192,16 @@ def test_receives_from_any_source_learn_their_sender_and_pair_with_its_sends_in_
     assert [(c.peer, c.pairs[0][:3]) for c in received] == [(1, ["recv", 1, 1]), (1, ["recv", 1, 2])]
     assert [c.pairs[0][:3] for c in sent] == [["send", 0, 1], ["send", 0, 2]]
     assert analyze(out)[1] is None
+
+
+def test_check_mode_compares_an_any_source_receive_with_the_send_it_took(multirank, tmp_path):
+    # Same byte count: gloo delivers it; only the pairing, once the sender is known, sees the dtypes differ.
+    results = multirank(
+        _p2p_rank, args=("any_source_dtype", "every", str(tmp_path / "t")), timeout_s=60, deepspeed=False
+    )
+    assert results[0]["raised"], results
+    d = results[0]["json"]
+    assert d["kind"] == "mismatch" and d["differing"] == ["dtype"] and (d["rank_a"], d["rank_b"]) == (0, 1)
+    assert d["call_a"]["pairs"][0][:3] == ["recv", 1, 1] and d["call_b"]["pairs"][0][:3] == ["send", 0, 1]
+    assert d["call_a"]["site"].split(" ")[0].endswith(_site("anyrecv"))
+    assert d["call_b"]["site"].split(" ")[0].endswith(_site("anysend"))
