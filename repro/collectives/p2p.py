@@ -231,8 +231,9 @@ def unreceived(traces: dict[int, RankTrace]) -> Divergence | None:
     """Record mode: the earliest send that no receive of its channel took (an extra send, a wrong peer).
 
     ``call_b`` is the call the receiver waits in instead (none when its record ends),
-    ``last_b`` its last receive on the channel. A receiver still waiting in a receive from any
-    source may yet take the send: not a finding. A send merely in flight when the job stopped
+    ``last_b`` its last receive on the channel. A receiver with a receive from any source whose
+    sender is not known (still waiting, or an ``irecv`` never waited for) may have taken the send,
+    or may yet: not a finding. A send merely in flight when the job stopped
     for another reason is later than that reason, and the earliest finding wins.
     """
     sides = _channel_ops(traces)
@@ -241,8 +242,8 @@ def unreceived(traces: dict[int, RankTrace]) -> Divergence | None:
         if role != "send" or ("recv", src, dst, seq) in sides or dst not in traces or dst == src:
             continue
         receiver = traces[dst]
-        if any(is_any_source(i) for c in receiver.calls if c.t_end is None for i in c.pairs):
-            continue  # a receive from any source still waiting may be this one's
+        if any(is_any_source(i) for c in receiver.calls for i in c.pairs):
+            continue  # an any-source receive of unknown sender (waiting, never waited) may be its
         took = [c for (r, s, d, _), c in sides.items() if r == "recv" and (s, d) == (src, dst)]
         blocked = next((c for c in receiver.calls if c.t_end is None), None)
         found.append(

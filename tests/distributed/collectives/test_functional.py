@@ -144,6 +144,6 @@ def test_a_clean_compiled_function_records_its_collective_and_wait_at_the_users_
     calls = read_trace_dir(out)[0].calls
     assert [c.op for c in calls] == ["all_reduce", "wait"]
     assert all(r["graphs"] >= 1 for r in results)  # compiled, not run eagerly
-    # the wait is where the result was first used: in the graph, or the caller's line when the graph returns it
+    # the wait is where the result was first used: in the graph, or where the caller uses it
     assert calls[0].site.endswith(f"{_site('compiled0')} sync"), calls[0].site
     assert calls[1].of == calls[0].index and calls[1].t_end is not None

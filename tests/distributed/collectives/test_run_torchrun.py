@@ -1,4 +1,4 @@
-"""``run`` under plain torchrun (no ``launch``): each rank dumps its Flight Recorder on a stall and on SIGTERM."""
+"""``run`` under plain torchrun (no ``launch``): a rank dumps its Flight Recorder on a stall, on SIGTERM."""
 
 from __future__ import annotations
 
