@@ -8,7 +8,9 @@ From code::
 Inside any launcher (torchrun, Ray workers): set ``REPRO_COLLECTIVES_TRACE=<dir>`` (and optionally
 ``REPRO_COLLECTIVES_CHECK=every|sample:N|off``, ``REPRO_COLLECTIVES_TIMEOUT_S``) and call
 :func:`install_from_env` early (``repro.cluster.process_group.init_distributed`` does), or start the script
-through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``). From the shell::
+through ``python -m repro.collectives_trace run SCRIPT`` (or ``run -m MODULE``); under ``run`` each rank
+also dumps PyTorch's Flight Recorder into the directory when its record stalls with a call outstanding
+(``REPRO_COLLECTIVES_STALL_S``, default 30) and on SIGTERM, for ``analyze``. From the shell::
 
     python -m repro.collectives_trace launch --nproc-per-node 2 --check every --out DIR -- script.py ARGS
     python -m repro.collectives_trace launch --nproc-per-node 2 --out DIR -- -m package.module ARGS
@@ -37,7 +39,9 @@ from repro.collectives.events import RankTrace, read_trace_dir
 from repro.collectives.flight_recorder import read_dump_dir
 from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
 from repro.collectives.session import (
+    DEFAULT_STALL_S,
     ENV_DIR,
+    ENV_STALL,
     install_from_env,
     trace_collectives,
 )
@@ -73,16 +77,20 @@ def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Diverge
     call that never returned is the finding (:mod:`repro.collectives.incomplete`).
     """
     from repro.collectives.incomplete import incomplete
-    from repro.collectives.p2p import p2p_mismatch
+    from repro.collectives.p2p import p2p_mismatch, unreceived
     from repro.collectives.splits import trace_split_mismatch
 
     traces = load_traces(directory)
     for t in sorted(traces.values(), key=lambda t: t.rank):
         if t.check_failures:
             return traces, divergence_from_json(t.check_failures[0]["report"])
-    found = [d for d in (first_divergence(traces), p2p_mismatch(traces), trace_split_mismatch(traces)) if d]
+    checks = (first_divergence, p2p_mismatch, unreceived, trace_split_mismatch)
+    found = [d for d in (check(traces) for check in checks) if d]
     if found:
         div = min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
+        if div.kind == "stopped":
+            # seen from the group, a rank stuck in a send that nobody receives merely stops
+            div = next((d for d in found if d.kind == "unreceived" and d.rank_a == div.rank_b), div)
         div.parted = div.parted or parted(traces, div)
         return traces, div
     below = _below_python(pathlib.Path(directory), traces)
@@ -228,6 +236,15 @@ def _check_run(args: argparse.Namespace) -> None:
             f"set it ({ENV_DIR}=trace/) or use 'launch', which sets it"
         )
     _run_target(args).check()
+    _stall_s()
+
+
+def _stall_s() -> float:
+    raw = os.environ.get(ENV_STALL, str(DEFAULT_STALL_S))
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_STALL}={raw!r} is not a number of seconds") from None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -236,7 +253,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     target = _run_target(args)
     register_stack_dump()
-    live_fr.start(os.environ[ENV_DIR])
+    # Under torchrun nothing else watches this rank: it dumps its Flight Recorder itself on a stall.
+    live_fr.start(os.environ[ENV_DIR], stall_s=_stall_s())
     install_from_env()
     sys.argv = [target.name, *target.args]
     try:

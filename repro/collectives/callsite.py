@@ -41,6 +41,7 @@ _PLUMBING_FILES = ("distributed_c10d.py", "c10d_logger.py")
 _PLUMBING_DIRS = tuple(os.path.join(d, "comm") + os.sep for d in (_DEEPSPEED_DIR,) if d)
 
 _FOREIGN_LIBRARY = re.compile(r"[/\\\\](site|dist)-packages[/\\\\](torch|deepspeed)[/\\\\]")
+_INDUCTOR_OUTPUT = re.compile(r"[/\\\\]torchinductor_[^/\\\\]+[/\\\\]")
 _FOREIGN_DS_COMM = os.sep.join(("", "deepspeed", "comm", ""))
 
 _classified: dict[str, int] = {}
@@ -53,6 +54,8 @@ def _classify(filename: str) -> int:
         real = os.path.realpath(filename) if not filename.startswith("<") else filename
         if real.startswith(_TRACER_PREFIXES):
             kind = _PLUMBING
+        elif _INDUCTOR_OUTPUT.search(real):
+            kind = _LIBRARY  # code inductor generated: the user's compiled function is the frame above
         elif real.startswith(_LIBRARY_DIRS) or _FOREIGN_LIBRARY.search(real):
             # (paths from another machine's install, as in Flight Recorder dumps, match by pattern)
             plumbing = real.endswith(_PLUMBING_FILES) or (
@@ -133,13 +136,48 @@ def sites_and_stack(frame: FrameType | None) -> tuple[str, str | None, list[str]
     return (stack[0] if stack else "<no user frame>"), lib, stack
 
 
+_GRAPH_FILE = "<eval_with_key>"
+_TRACE_LINE = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _graph_source(frame: FrameType) -> list[tuple[str, int, str]]:
+    """The source lines (outermost first) of the graph node a frame of FX-generated code is running.
+
+    ``torch.compile`` runs the user's function as a generated ``forward`` (one line per node); the
+    node's ``stack_trace`` holds the user's lines it came from, which the frame itself does not.
+    """
+    gm = frame.f_locals.get("self")
+    lineno_map = getattr(gm, "_lineno_map", None)
+    if not lineno_map:
+        return []
+    idx = lineno_map.get(frame.f_lineno - frame.f_code.co_firstlineno)
+    nodes = list(gm.graph.nodes) if idx is not None else []
+    trace = nodes[idx].meta.get("stack_trace") if idx is not None and idx < len(nodes) else None
+    return [(f, int(n), fn) for f, n, fn in _TRACE_LINE.findall(trace or "")]
+
+
 def _walk(frame: FrameType | None) -> tuple[str | None, list[str]]:
     lib: str | None = None
     stack: list[str] = []
+    compiled: tuple[str, str] | None = None  # the function a graph came from: its frame shows no line
     f = frame
     while f is not None and len(stack) < STACK_LIMIT:
         code = f.f_code
+        if code.co_filename.startswith(_GRAPH_FILE):
+            source = _graph_source(f)
+            for filename, lineno, name in reversed(source):
+                kind = _classify(filename)
+                if kind == _USER:
+                    stack.append(format_frame(filename, lineno, name))
+                elif kind == _LIBRARY and lib is None and not stack:
+                    lib = format_frame(filename, lineno, name)
+            compiled = (source[0][0], source[0][2]) if source else None
+            f = f.f_back
+            continue
         kind = _classify(code.co_filename)
+        if compiled == (code.co_filename, code.co_name):
+            kind = _PLUMBING  # the compiled frame itself (at its ``def`` line): the graph named the line
+        compiled = None if kind == _USER else compiled
         if kind == _USER:
             stack.append(format_frame(code.co_filename, f.f_lineno, code.co_name))
         elif kind == _LIBRARY and lib is None and not stack:

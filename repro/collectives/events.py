@@ -5,7 +5,9 @@ events: ``meta`` (once, first), ``group`` (a process group the first time it is 
 global ranks), ``call`` (written and flushed *before* the real call, so a rank that then aborts,
 is killed or hangs still leaves it behind), ``ret`` (the call returned; for an async call a
 library issued from C++, when its work completed), ``err`` (it raised:
-not returned) and ``check_fail`` (the live check raised; carries the report as JSON). The wait
+not returned), ``source`` (a receive from any source completed: the sender's rank and the
+transfer's number on that channel, see :mod:`repro.collectives.p2p`) and ``check_fail`` (the live
+check raised; carries the report as JSON). The wait
 of an async op is a ``call`` of op ``wait`` (``of``: the index of the op it waits for).
 """
 
@@ -204,6 +206,11 @@ def read_trace_file(path: pathlib.Path) -> RankTrace:
                 rec = by_index.get(ev.get("index"))
                 if rec is not None:
                     rec.t_end = ev.get("t")
+            elif kind == "source":
+                rec = by_index.get(ev.get("index"))
+                if rec is not None and rec.pairs:
+                    rec.peer = ev["peer"]
+                    rec.pairs[0] = ["recv", ev["peer"], ev["seq"], *rec.pairs[0][3:]]
             elif kind == "group":
                 trace.groups[ev["group"]] = tuple(ev["ranks"])
             elif kind == "meta":

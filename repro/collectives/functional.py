@@ -1,4 +1,4 @@
-"""Functional collectives and DTensor: the ``torch.ops._c10d_functional`` ops, traced at their Python entry.
+"""Functional collectives and DTensor: the ``torch.ops._c10d_functional`` ops, eager and compiled.
 
 ``torch.distributed._functional_collectives`` and everything built on it (DTensor's
 ``redistribute``, tensor parallelism's ``parallelize_module``, FSDP2's helpers) call
@@ -10,8 +10,19 @@ stack, without the per-op cost of a dispatch mode. Each call is recorded (and ch
 - so a rank using DTensor and one using ``dist.all_reduce`` are compared like for like. The
 result tensor is remembered and its ``wait_tensor`` is traced as the ``wait`` of that call.
 
-Not seen: code compiled by ``torch.compile`` (it calls the op overloads from C++) and direct
-calls of an overload such as ``torch.ops._c10d_functional.all_reduce.default``.
+Code compiled by ``torch.compile`` (backends eager, aot_eager and inductor) calls the op
+overloads (``torch.ops._c10d_functional.all_reduce.default``, inductor's in-place
+``all_reduce_``) from its graph, not through the namespace. Those ops have no autograd kernel of
+their own, so a Python kernel registered for them at the Autograd dispatch keys (as
+:mod:`repro.collectives.native` does for ``c10d``) runs before torch's and records the same way;
+the call site is the user's line, read from the graph node's ``stack_trace`` by
+:mod:`repro.collectives.callsite` (inductor's generated code has none: its calls show the
+compiled function's ``def`` line). While compiling, torch runs the same ops on fake or functional
+tensors under its tracing modes: those calls pass through unrecorded, and the namespace wrapper
+gives Dynamo torch's op, so the graph holds no tracer code. The ``_c10d_functional_autograd``
+ops (with autograd kernels of their own) are seen only eagerly.
+
+Imports torch and :mod:`repro.collectives` modules only.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from repro.collectives.events import CallRecord
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 _groups: dict[str, Any] = {}
 _pending: dict[int, tuple[CallRecord, Any]] = {}  # id(result tensor) -> (its call, the tensor)
+_library: Any = None  # the compiled-code kernels while installed
 
 
 def _group(name: Any) -> Any:
@@ -50,6 +62,7 @@ def _redop(name: str) -> str:
 
 # functional op -> (the torch.distributed op it equals, its (args, kwargs) from the functional args)
 def _as_c10d(op: str, a: tuple) -> tuple[str, tuple, dict] | None:
+    op = op.rstrip("_")  # the in-place all_reduce_ (inductor's) is the same call on the wire
     if op == "all_reduce":
         return "all_reduce", (a[0],), {"op": _redop(a[1]), "group": _group(a[2])}
     if op == "all_reduce_coalesced":
@@ -87,34 +100,43 @@ class _Traced:
         return getattr(self.__repro_traced__, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        packet, op = self.__repro_traced__, self._op
-        tracer = active()
-        if tracer is None or kwargs:
+        packet = self.__repro_traced__
+        # Dynamo inlines this wrapper when it compiles a function: the graph must hold torch's op
+        # (the tracer's file writes cannot be traced); the compiled call reaches _compiled_kernel.
+        if kwargs or torch.compiler.is_compiling():
             return packet(*args, **kwargs)
-        if op == "wait_tensor":
-            entry = _pending.pop(id(args[0]), None)
-            if entry is None:
-                return packet(*args)
-            from repro.collectives.work import traced_wait
+        tracer = active()
+        return packet(*args) if tracer is None else _traced_call(tracer, self._op, packet, args)
 
-            return traced_wait(entry[0], tracer, packet, args, {})
-        call = _as_c10d(op, args)
-        rec = tracer.before(call[0], call[1], {**call[2], "async_op": True}) if call else None
-        inside.depth = 1  # its ProcessGroup op below is this call, not another
-        try:
-            result = packet(*args)
-        finally:
-            inside.depth = 0
-        if rec is not None:
-            tracer.after(rec)
-            for t in result if isinstance(result, (list, tuple)) else (result,):
-                _pending[id(t)] = (rec, t)  # the tensor kept alive: its id stays unique until waited
-        return result
+
+def _traced_call(tracer: Any, op: str, packet: Any, args: tuple) -> Any:
+    """``packet(*args)`` recorded (and checked) as the torch.distributed call it equals."""
+    if op == "wait_tensor":
+        entry = _pending.pop(id(args[0]), None)
+        if entry is None:
+            return packet(*args)
+        from repro.collectives.work import traced_wait
+
+        return traced_wait(entry[0], tracer, packet, args, {})
+    call = _as_c10d(op, args)
+    rec = tracer.before(call[0], call[1], {**call[2], "async_op": True}) if call else None
+    inside.depth = 1  # its ProcessGroup op below is this call, not another
+    try:
+        result = packet(*args)
+    finally:
+        inside.depth = 0
+    if rec is not None:
+        tracer.after(rec)
+        for t in result if isinstance(result, (list, tuple)) else (result,):
+            _pending[id(t)] = (rec, t)  # the tensor kept alive: its id stays unique until waited
+    return result
 
 
 _OPS = (
     "all_reduce",
+    "all_reduce_",
     "all_reduce_coalesced",
+    "all_reduce_coalesced_",
     "all_gather_into_tensor",
     "all_gather_into_tensor_coalesced",
     "reduce_scatter_tensor",
@@ -139,8 +161,66 @@ def install(installed: list[tuple[Any, str, Any]]) -> None:
                 continue
             setattr(ns, op, _Traced(op, packet))
             installed.append((ns, op, packet))
+    _install_kernels()
+
+
+_MODE_KEYS = tuple(
+    getattr(torch._C._TorchDispatchModeKey, k)
+    for k in ("FAKE", "PROXY", "FUNCTIONAL")
+    if hasattr(torch._C._TorchDispatchModeKey, k)
+)
+
+
+def _tracing(args: tuple) -> bool:
+    """Whether this call is torch.compile tracing the graph (fake or functional tensors), not running it."""
+    # Only torch's tracing modes: AOT's runtime may run the real graph under a mode of its own.
+    if any(torch._C._get_dispatch_mode(k) is not None for k in _MODE_KEYS):
+        return True
+    return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _compiled_kernel(op: str, overload: Any) -> Any:
+    def below(*args: Any) -> Any:
+        with torch._C._AutoDispatchBelowAutograd():
+            return overload(*args)
+
+    def kernel(*args: Any) -> Any:
+        tracer = active()
+        if tracer is None or getattr(inside, "depth", 0) or _tracing(args):
+            return below(*args)
+        return _traced_call(tracer, op, below, args)
+
+    return kernel
+
+
+def _install_kernels() -> None:
+    """Kernels for the ``_c10d_functional`` overloads at the Autograd keys: compiled code calls them.
+
+    Those ops have no autograd kernel of their own (the Autograd keys fall back to torch's
+    pass-through), so nothing of torch's is replaced. The ``_c10d_functional_autograd`` ops have
+    one and are left alone.
+    """
+    global _library
+    if _library is not None:
+        return
+    lib = _library = torch.library.Library("_c10d_functional", "IMPL")
+    for op in _OPS:
+        try:
+            overload = getattr(torch.ops._c10d_functional, op).default
+        except (AttributeError, RuntimeError):
+            continue
+        for key in ("AutogradCPU", "AutogradCUDA"):
+            lib.impl(op, _compiled_kernel(op, overload), key)
 
 
 def clear() -> None:
+    """Forget pending results and groups; take the kernels out (the dispatcher falls back to torch's)."""
+    global _library
     _pending.clear()
     _groups.clear()
+    if _library is not None:
+        _library._destroy()
+        _library = None

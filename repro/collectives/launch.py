@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from repro.collectives.live_fr import DEFAULT_ENTRIES, request_dumps
+from repro.collectives.live_fr import request_dumps
 from repro.collectives.watch import STACK_SIGNAL, ProgressWatch
 
 _STACK_DUMP_WAIT_S = 1.5
@@ -128,9 +128,9 @@ def _start_ranks(target: Target, nproc: int, out_dir: pathlib.Path, check: str, 
             REPRO_COLLECTIVES_TRACE=str(out_dir),
             REPRO_COLLECTIVES_CHECK=check,
             REPRO_COLLECTIVES_TIMEOUT_S=str(timeout_s),
+            # this launcher watches for hangs and asks for the Flight Recorder dumps itself
+            REPRO_COLLECTIVES_STALL_S="0",
         )
-        # Flight Recorder sees what runs below the Python API (see repro.collectives.live_fr).
-        env.setdefault("TORCH_FR_BUFFER_SIZE", DEFAULT_ENTRIES)
         with open(out_dir / f"rank{rank}.log", "w") as log:
             # Own session: a Ctrl-C in the terminal reaches the launcher only, which ends the
             # ranks itself after collecting their stacks.

@@ -11,7 +11,17 @@ blocking op (or an async op's ``wait``) transfers, waits for the counterpart's k
 numel and dtype: a mismatch raises on both ranks with both call sites. While it waits it reads
 the peer's published blocking call: a peer blocked on an op of this rank that this rank has not
 posted (the recv-recv and send-send cycles, or a p2p against a collective) is a certain deadlock,
-reported at once. A receive from any source (``src=None``) cannot be paired and is not checked.
+reported at once.
+
+A receive from any source (``recv``/``irecv`` with ``src=None``) names no channel until it
+completes: torch then tells the sender (``recv`` returns it, an ``irecv``'s work has
+``_source_rank()``), and :func:`learn_source` numbers the receive on that channel, writes a
+``source`` event (read back into the call's ``peer`` and ``pairs``) and, in check mode, publishes
+it and compares it with the send it received. A blocking any-source receive publishes itself as
+the call its rank is blocked in; a sender that finds its receiver there stops waiting for a
+counterpart key that only the transfer can produce (the receiver compares the pair afterwards).
+In the records, a send that no receive of its channel matches while its receiver went on
+elsewhere is reported by :func:`unreceived` (an extra send, or one sent to the wrong peer).
 """
 
 from __future__ import annotations
@@ -56,6 +66,23 @@ class PairCounter:
 
     def posted(self, role: str, src: int, dst: int) -> int:
         return self._posted.get((role, src, dst), 0)
+
+
+def is_any_source(item: list[Any]) -> bool:
+    return item[0] == "recv" and item[1] is None
+
+
+def learn_source(tracer: Any, rec: CallRecord, source: int) -> None:
+    """An any-source receive completed from global rank ``source``: number it on that channel."""
+    if source < 0 or not rec.pairs or not is_any_source(rec.pairs[0]):
+        return
+    with tracer._lock:
+        seq = tracer.pairs.number("recv", rec.rank, source)
+        rec.pairs[0] = ["recv", source, seq, *rec.pairs[0][3:]]
+        rec.peer = source
+        tracer.write_event({"ev": "source", "index": rec.index, "peer": source, "seq": seq})
+    if tracer.checker is not None:
+        tracer.checker.check_p2p(rec, tracer, block=False)
 
 
 def item_record(rec: CallRecord, item: list[Any]) -> CallRecord:
@@ -116,6 +143,9 @@ class PairChecker:
     def verify(self, rec: CallRecord, tracer: Any, block: bool) -> None:
         """Compare this call's ops with their counterparts (waiting for them when ``block``)."""
         store = self.checker.store()
+        if block and any(is_any_source(i) for i in rec.pairs):
+            # what senders look for before they give up waiting for this receive's key
+            store.set(self.checker.last_key(rec.rank), json.dumps(rec.to_json(), separators=(",", ":")))
         todo = {}
         for i in self._items(rec):
             key = self._key(_OTHER[i[0]], *channel(i[0], rec.rank, i[1]), i[2])
@@ -151,34 +181,82 @@ class PairChecker:
                 self.checker.fail(self.checker.timeout_divergence(item_record(rec, item), [item[1]]), tracer)
             if now >= next_look:
                 next_look = now + 0.1
-                for item in missing.values():
-                    self._look_at_peer(rec, item, tracer)
+                for key, item in missing.items():
+                    if self._look_at_peer(rec, item, tracer):
+                        todo.pop(key)  # left to the receiver to compare, once it knows the sender
+                if not any(k in todo for k in missing):
+                    return
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
 
-    def _look_at_peer(self, rec: CallRecord, item: list[Any], tracer: Any) -> None:
+    def _look_at_peer(self, rec: CallRecord, item: list[Any], tracer: Any) -> bool:
+        """Raise on a certain deadlock; True when the peer waits in a receive from any source."""
         theirs = self.checker.peer_last(item[1])
         if theirs is None:
-            return
-        if theirs.group_seq is None and any(p[1] is None and p[0] == "recv" for p in theirs.pairs):
-            return  # the peer receives from any source: not pairable, and not a deadlock we can prove
+            return False
+        if theirs.group_seq is None and any(is_any_source(p) for p in theirs.pairs):
+            # Its key for this transfer appears only once the transfer ran. The peer may have gone
+            # on since (the key shows its last blocking call): then gloo/NCCL wait as untraced.
+            return item[0] == "send" and rec.rank in theirs.ranks
         if blocked_on(theirs, rec.rank, tracer.pairs, tracer.group_seq):
             mine = item_record(rec, item)
             source = f"check ({self.checker.mode.text}) on rank {rec.rank}: crossed waits, a certain deadlock"
             self.checker.fail(pair_divergence(mine, theirs, "deadlock", source), tracer)
+        return False
 
 
 def p2p_mismatch(traces: dict[int, RankTrace]) -> Divergence | None:
     """Record mode: the earliest send/receive pair whose sizes or dtypes differ."""
+    sides = _channel_ops(traces)
+    found = []
+    for (role, src, dst, seq), mine in sides.items():
+        theirs = sides.get(("recv", src, dst, seq)) if role == "send" else None
+        if theirs is not None and _mismatch(mine, theirs):
+            found.append(pair_divergence(mine, theirs, "mismatch", "trace: point-to-point pairing"))
+    return min(found, key=lambda d: d.call_a.t) if found else None
+
+
+def _channel_ops(traces: dict[int, RankTrace]) -> dict[tuple, CallRecord]:
+    """(role, source, destination, seq) -> the op's record, for every numbered op of the records."""
     sides: dict[tuple, CallRecord] = {}
     for r, t in traces.items():
         for c in t.calls:
             for item in c.pairs:
                 if item[1] is not None and item[2] is not None:
                     sides[(item[0], *channel(item[0], r, item[1]), item[2])] = item_record(c, item)
+    return sides
+
+
+def unreceived(traces: dict[int, RankTrace]) -> Divergence | None:
+    """Record mode: the earliest send that no receive of its channel took (an extra send, a wrong peer).
+
+    ``call_b`` is the call the receiver waits in instead (none when its record ends),
+    ``last_b`` its last receive on the channel. A receiver with a receive from any source whose
+    sender is not known (still waiting, or an ``irecv`` never waited for) may have taken the send,
+    or may yet: not a finding. A send merely in flight when the job stopped
+    for another reason is later than that reason, and the earliest finding wins.
+    """
+    sides = _channel_ops(traces)
     found = []
-    for (role, src, dst, seq), mine in sides.items():
-        theirs = sides.get(("recv", src, dst, seq)) if role == "send" else None
-        if theirs is not None and _mismatch(mine, theirs):
-            found.append(pair_divergence(mine, theirs, "mismatch", "trace: point-to-point pairing"))
+    for (role, src, dst, seq), send in sides.items():
+        if role != "send" or ("recv", src, dst, seq) in sides or dst not in traces or dst == src:
+            continue
+        receiver = traces[dst]
+        if any(is_any_source(i) for c in receiver.calls for i in c.pairs):
+            continue  # an any-source receive of unknown sender (waiting, never waited) may be its
+        took = [c for (r, s, d, _), c in sides.items() if r == "recv" and (s, d) == (src, dst)]
+        blocked = next((c for c in receiver.calls if c.t_end is None), None)
+        found.append(
+            Divergence(
+                "unreceived",
+                send.group,
+                send.ranks,
+                src,
+                dst,
+                send,
+                call_b=blocked,
+                last_b=max(took, key=lambda c: c.pairs[0][2]) if took else receiver.last_call,
+                source="trace: point-to-point pairing",
+            )
+        )
     return min(found, key=lambda d: d.call_a.t) if found else None

@@ -37,7 +37,7 @@ from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
 from repro.collectives.groups import GroupInfo, dtype_name, p2p_peer
 from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
-from repro.collectives.p2p import BLOCKING, ROLE, PairCounter
+from repro.collectives.p2p import BLOCKING, ROLE, PairCounter, learn_source
 from repro.collectives.pending import PendingReturns
 from repro.collectives.splits import split_numels
 
@@ -312,6 +312,8 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
             tracer.after(rec)
             if rec.async_op and result is not None:
                 return wrap_work(result, rec, tracer)
+            if rec.peer is None and rec.pairs and type(result) is int:  # recv(src=None) returns the sender
+                learn_source(tracer, rec, result)
         return result
 
     traced.__repro_traced__ = original  # type: ignore[attr-defined]

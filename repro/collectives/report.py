@@ -95,6 +95,18 @@ def headline(d: Divergence) -> str:
             f"Rank {who} left no record although rank {d.rank_a} issued {a.short()} with it "
             f"(at {a.site}): it failed or never started tracing before its first traced call"
         )
+    if d.kind == "unreceived":
+        seq, took = a.pairs[0][2], d.last_b
+        last = (
+            f"its last receive from rank {d.rank_a} was #{took.pairs[0][2]} ({took.short()} at {took.site})"
+            if took is not None and took.pairs and took.pairs[0][1] == d.rank_a
+            else f"it received nothing from rank {d.rank_a}"
+        )
+        where = f"it waits in {d.call_b.short()} at {d.call_b.site}" if d.call_b else "its record ends"
+        return (
+            f"Rank {d.rank_a}'s send #{seq} to rank {d.rank_b} ({a.short()} at {a.site}) was never received "
+            f"by rank {d.rank_b}: {last}; {where}"
+        )
     if d.kind == "hang":
         b = d.call_b
         tail = (
@@ -195,6 +207,8 @@ def format_divergence(d: Divergence) -> str:
     right_title = f"rank {d.rank_b}" + ("" if d.call_b is not None else " (last recorded call)")
     if d.kind == "extra":
         right_title = f"rank {d.rank_b} (no matching call)"
+    if d.kind == "unreceived" and d.call_b is not None:
+        right_title = f"rank {d.rank_b} (waits here instead)"
     cols = [
         ("op", lambda c: c.op),
         ("numel", lambda c: str(c.numel)),

@@ -18,6 +18,10 @@ from repro.collectives.check import Checker, CheckMode
 ENV_DIR = "REPRO_COLLECTIVES_TRACE"
 ENV_CHECK = "REPRO_COLLECTIVES_CHECK"
 ENV_TIMEOUT = "REPRO_COLLECTIVES_TIMEOUT_S"
+ENV_STALL = "REPRO_COLLECTIVES_STALL_S"
+"""``run``: seconds a rank's record may stall with a call outstanding before it dumps its Flight
+Recorder (default :data:`DEFAULT_STALL_S`; 0: never; ``launch`` sets 0, it watches the ranks)."""
+DEFAULT_STALL_S = 30.0
 DEFAULT_TIMEOUT_S = 300.0
 _sessions = 0
 

@@ -17,9 +17,13 @@ from typing import Any
 from repro.collectives.active import active
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import CallRecord
+from repro.collectives.p2p import learn_source
 
 
-def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict) -> Any:
+def traced_wait(
+    rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwargs: dict, work: Any = None
+) -> Any:
+    """``real_wait(*args, **kwargs)`` recorded as a ``wait`` of ``rec``; ``work``: the Work waited for."""
     if active() is not tracer:  # the trace ended before this wait
         return real_wait(*args, **kwargs)
     site, lib, stack = sites_and_stack(sys._getframe(1))
@@ -51,17 +55,20 @@ def traced_wait(rec: CallRecord, tracer: Any, real_wait: Any, args: tuple, kwarg
         tracer.write_event({"ev": "err", "index": wait.index, "t": time.time(), "error": repr(exc)[:200]})
         raise
     tracer.write_event({"ev": "ret", "index": wait.index, "t": time.time()})
+    if work is not None and rec.peer is None and rec.pairs and rec.pairs[0][1] is None:
+        # irecv(src=None): its work knows the sender (a group rank) once it completed
+        learn_source(tracer, rec, rec.ranks[work._source_rank()])
     return result
 
 
 class TracedFuture:
     """A Work's future whose ``wait`` is traced."""
 
-    def __init__(self, future: Any, rec: CallRecord, tracer: Any) -> None:
-        self._future, self._rec, self._tracer = future, rec, tracer
+    def __init__(self, future: Any, rec: CallRecord, tracer: Any, work: Any) -> None:
+        self._future, self._rec, self._tracer, self._work = future, rec, tracer, work
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._future.wait, args, kwargs, self._work)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._future, name)
@@ -74,10 +81,10 @@ class TracedWork:
         self._work, self._rec, self._tracer = work, rec, tracer
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
-        return traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs)
+        return traced_wait(self._rec, self._tracer, self._work.wait, args, kwargs, self._work)
 
     def get_future(self) -> TracedFuture:
-        return TracedFuture(self._work.get_future(), self._rec, self._tracer)
+        return TracedFuture(self._work.get_future(), self._rec, self._tracer, self._work)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)

@@ -37,6 +37,7 @@ PROGRAMS = (
     "p2p_size",
     "p2p_dtype",
     "p2p_deadlock",
+    "p2p_any_source",
     "a2a_splits",
     "single_apis",
     "objects",

@@ -18,6 +18,8 @@ def _site(marker: str) -> str:
 
 
 def _functional_step(kind: str, rank: int, divergent: bool) -> list:
+    import os
+
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as funcol
@@ -34,6 +36,19 @@ def _functional_step(kind: str, rank: int, divergent: bool) -> list:
         dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         full = dt.redistribute(mesh, [Replicate()]).to_local()  # fc:dtensor
         return full.sum(dim=1).tolist()
+    if kind.startswith("compiled_"):
+        group = dist.group.WORLD
+
+        def sync(x):
+            if divergent and rank == 1:
+                return funcol.all_gather_tensor(x, 0, group)  # fc:compiled1
+            return funcol.all_reduce(x, "sum", group)  # fc:compiled0
+
+        backend = kind.removeprefix("compiled_")
+        # The suites set TORCHDYNAMO_DISABLE=1 (conftest.py), which makes torch.compile a no-op; this
+        # rank process is this test's alone.
+        os.environ.pop("TORCHDYNAMO_DISABLE", None)
+        return torch.compile(sync, backend=backend, fullgraph=True)(torch.ones(4)).tolist()
     raise AssertionError(kind)
 
 
@@ -91,3 +106,44 @@ def test_record_mode_analyze_finds_the_functional_size_mismatch(multirank, tmp_p
     d = analyze(out)[1]
     assert d is not None and d.kind == "mismatch" and d.differing == ["numel"]
     assert d.call_a.site.split(" ")[0].endswith(_site("funcol"))
+
+
+def _compiled_rank(rank: int, world_size: int, backend: str, divergent: bool, out_dir: str) -> dict:
+    import torch._dynamo
+
+    result = _functional_rank(rank, world_size, f"compiled_{backend}", "every", divergent, out_dir)
+    return {**result, "graphs": torch._dynamo.utils.counters["stats"]["unique_graphs"]}
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_compiled_function_issuing_another_collective_on_one_rank_raises_at_its_lines(
+    multirank, tmp_path, backend
+):
+    results = multirank(_compiled_rank, args=(backend, True, str(tmp_path / "t")), deepspeed=False)
+    for r in results:
+        assert r["raised"], r
+        d = r["json"]
+        assert d["kind"] == "mismatch" and "op" in d["differing"]
+        assert r["graphs"] >= 1  # compiled, not run eagerly
+        assert (d["call_a"]["op"], d["call_b"]["op"]) == ("all_reduce", "all_gather_into_tensor")
+        assert d["call_a"]["site"].endswith(f"{_site('compiled0')} sync"), d["call_a"]["site"]
+        assert d["call_b"]["site"].endswith(f"{_site('compiled1')} sync"), d["call_b"]["site"]
+        assert "_functional_step" in " ".join(d["call_a"]["stack"])  # the frames that called the compiled one
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_a_clean_compiled_function_records_its_collective_and_wait_at_the_users_line(
+    multirank, tmp_path, backend
+):
+    from repro.collectives.events import read_trace_dir
+
+    out = tmp_path / "t"
+    results = multirank(_compiled_rank, args=(backend, False, str(out)), deepspeed=False)
+    assert [r["value"] for r in results] == [[2.0] * 4, [2.0] * 4]
+    assert analyze(out)[1] is None
+    calls = read_trace_dir(out)[0].calls
+    assert [c.op for c in calls] == ["all_reduce", "wait"]
+    assert all(r["graphs"] >= 1 for r in results)  # compiled, not run eagerly
+    # the wait is where the result was first used: in the graph, or where the caller uses it
+    assert calls[0].site.endswith(f"{_site('compiled0')} sync"), calls[0].site
+    assert calls[1].of == calls[0].index and calls[1].t_end is not None

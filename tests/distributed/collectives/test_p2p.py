@@ -65,6 +65,21 @@ def _p2p_step(kind: str, rank: int) -> object:
             dist.recv(out, src=0)
             dist.send(out * 2, dst=0)
         return out.tolist()
+    elif kind == "any_source_dtype":
+        if rank == 1:
+            dist.send(torch.ones(4), dst=0)  # p2p:anysend
+        else:
+            dist.recv(torch.zeros(4, dtype=torch.int32))  # p2p:anyrecv
+    elif kind == "any_source":
+        if rank == 1:
+            dist.send(torch.full((3,), 1.0), dst=0)
+            dist.send(torch.full((3,), 2.0), dst=0)
+            return None
+        first, second = torch.zeros(3), torch.zeros(3)
+        sender = dist.recv(first)
+        work = dist.irecv(second)
+        work.wait()
+        return [sender, first.tolist(), second.tolist()]
     else:
         raise AssertionError(kind)
     return None
@@ -160,3 +175,33 @@ def test_record_mode_analyze_pairs_a_send_with_its_larger_recv(multirank, tmp_pa
     assert d.call_a.site.split(" ")[0].endswith(_site("size0")) and d.call_b.site.split(" ")[0].endswith(
         _site("size1")
     )
+
+
+def test_receives_from_any_source_learn_their_sender_and_pair_with_its_sends_in_check_mode(
+    multirank, tmp_path
+):
+    from repro.collectives.events import read_trace_dir
+
+    out = tmp_path / "t"
+    results = multirank(_p2p_rank, args=("any_source", "every", str(out)), timeout_s=60, deepspeed=False)
+    assert not any(r["raised"] for r in results), results
+    assert results[0]["value"] == [1, [1.0] * 3, [2.0] * 3]
+    traces = read_trace_dir(out)
+    received = [c for c in traces[0].calls if c.op in ("recv", "irecv")]
+    sent = [c for c in traces[1].calls if c.op == "send"]
+    assert [(c.peer, c.pairs[0][:3]) for c in received] == [(1, ["recv", 1, 1]), (1, ["recv", 1, 2])]
+    assert [c.pairs[0][:3] for c in sent] == [["send", 0, 1], ["send", 0, 2]]
+    assert analyze(out)[1] is None
+
+
+def test_check_mode_compares_an_any_source_receive_with_the_send_it_took(multirank, tmp_path):
+    # Same byte count: gloo delivers it; only the pairing, once the sender is known, sees the dtypes differ.
+    results = multirank(
+        _p2p_rank, args=("any_source_dtype", "every", str(tmp_path / "t")), timeout_s=60, deepspeed=False
+    )
+    assert results[0]["raised"], results
+    d = results[0]["json"]
+    assert d["kind"] == "mismatch" and d["differing"] == ["dtype"] and (d["rank_a"], d["rank_b"]) == (0, 1)
+    assert d["call_a"]["pairs"][0][:3] == ["recv", 1, 1] and d["call_b"]["pairs"][0][:3] == ["send", 0, 1]
+    assert d["call_a"]["site"].split(" ")[0].endswith(_site("anyrecv"))
+    assert d["call_b"]["site"].split(" ")[0].endswith(_site("anysend"))
