@@ -9,7 +9,8 @@ taken within one command:
   (the computation before ``repro.workers.logprob``);
 - ``padded``: padded micro-batches, chunked log-probs;
 - ``padded_dynbsz``: padded, chunked, token-budget micro-batches (``use_dynamic_bsz``) of
-  ``micro * (prompt + response)`` real tokens: fewer, fuller micro-batches without packing;
+  ``--budget`` real tokens (default ``micro * (prompt + response)``, the padded case's memory):
+  fewer, fuller micro-batches without packing;
 - ``rmpad``: ``use_remove_padding`` with token-budget micro-batches of the same budget, chunked
   log-probs of the response positions only, and on CUDA FlashAttention over each micro-batch
   packed into one row (:mod:`repro.workers.varlen`);
@@ -64,7 +65,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     if case.startswith("rmpad") or case == "padded_dynbsz":
         actor.use_dynamic_bsz = True
         actor.ppo_micro_batch_size_per_gpu = None
-        actor.ppo_max_token_len_per_gpu = args.micro * (args.prompt + args.response)
+        actor.ppo_max_token_len_per_gpu = args.budget or args.micro * (args.prompt + args.response)
     else:
         actor.ppo_micro_batch_size_per_gpu = args.micro
     if case.endswith("lora"):
@@ -120,6 +121,14 @@ def _child(args: argparse.Namespace) -> None:
         worker.update_policy(batch)
         _sync()
         times.append(time.perf_counter() - start)
+    if args.profile:
+        from repro.workers.profiling import StepProfiler
+
+        # One more update under the profiler, after the timed ones: the figures stay unprofiled.
+        profiler = StepProfiler(Path(args.profile) / Path(args.result).stem, rank=0)  # <case>_<round>
+        profiler.start(args.warmup + args.steps + 1)
+        worker.update_policy(batch)
+        profiler.stop()
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
     row = {
@@ -137,7 +146,9 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path,
            "--result", str(result), "--shape", args.shape, "--prompt", str(args.prompt),
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--zero-stage", str(args.zero_stage)]
+           "--zero-stage", str(args.zero_stage), "--budget", str(args.budget)]
+    if args.profile:
+        cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     with open(log, "w") as out:
@@ -157,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro", type=int, default=4, help="samples per padded micro-batch")
     parser.add_argument("--gas", type=int, default=4, help="padded micro-batches per update")
     parser.add_argument("--zero-stage", type=int, default=2)
+    parser.add_argument("--budget", type=int, default=0,
+                        help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
+    parser.add_argument("--profile", default="", help="folder: one more update per case under torch.profiler")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
