@@ -51,17 +51,22 @@ def _write(tmp_path, events: dict[int, list[dict]]) -> None:
         (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in head + evs))
 
 
+def _collector() -> list[dict]:
+    """Rank 0 collecting from any source: its first receive learned rank 1 as the sender, its second waits."""
+    return [
+        _p2p(0, 1, "recv", None, None, "job.py:12 collect", 1.0),
+        {"ev": "ret", "index": 1, "t": 1.5},
+        {"ev": "source", "index": 1, "peer": 1, "seq": 1},
+        _p2p(0, 2, "recv", None, None, "job.py:12 collect", 2.0),
+    ]
+
+
 def test_a_send_to_the_wrong_peer_is_reported_with_the_send_and_where_the_receiver_waits(tmp_path):
     # rank 2 means to send to rank 0, which collects from any source, but names rank 1.
     _write(
         tmp_path,
         {
-            0: [
-                _p2p(0, 1, "recv", None, None, "job.py:12 collect", 1.0),
-                {"ev": "ret", "index": 1, "t": 1.5},
-                {"ev": "source", "index": 1, "peer": 1, "seq": 1},
-                _p2p(0, 2, "recv", None, None, "job.py:12 collect", 2.0),
-            ],
+            0: _collector(),
             1: [
                 _p2p(1, 1, "send", 0, 1, "job.py:20 work", 1.1),
                 {"ev": "ret", "index": 1, "t": 1.5},
@@ -84,12 +89,7 @@ def test_a_learned_any_source_receive_pairs_with_its_send_and_a_waiting_one_may_
     _write(
         tmp_path,
         {
-            0: [
-                _p2p(0, 1, "recv", None, None, "job.py:12 collect", 1.0),
-                {"ev": "ret", "index": 1, "t": 1.5},
-                {"ev": "source", "index": 1, "peer": 1, "seq": 1},
-                _p2p(0, 2, "recv", None, None, "job.py:12 collect", 2.0),
-            ],
+            0: _collector(),
             1: [_p2p(1, 1, "send", 0, 1, "job.py:20 work", 1.1), {"ev": "ret", "index": 1, "t": 1.5}],
             2: [_p2p(2, 1, "send", 0, 1, "job.py:20 work", 1.2)],
         },
