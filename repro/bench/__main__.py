@@ -1,4 +1,4 @@
-"""``python -m repro.bench six-case|crossover|workers ...``: the seed's two benchmark workflows.
+"""``python -m repro.bench six-case|crossover|workers|peers|rmpad|rollout ...``: every benchmark.
 
 - ``six-case``: the six ZeRO cases (ZeRO-1/2/3 with and without CPU offload), one real training
   run each; writes ``outputs/<run_tag>_<timestamp>/summary.tsv``, ``<case>/train.log`` and
@@ -7,7 +7,10 @@
   ``VERL_DS_ZERO2_STEP_EACH_MICRO`` mode; writes ``summary.tsv``, ``compare.tsv`` (per seed: ZeRO-2
   minus ZeRO-1, and step-each-micro 1 minus 0), ``overall.tsv`` (mean and spread over seeds, and
   whether each difference exceeds the seed-to-seed noise) and ``curves.png``.
-- ``workers``: :mod:`repro.bench.workers` (the update throughput table).
+- ``workers``, ``peers``, ``rmpad``, ``rollout``: :mod:`repro.bench.workers` (the update throughput
+  table), :mod:`repro.bench.peers` (repro beside verl and TRL on one GPU), :mod:`repro.bench.rmpad`
+  (padded, token-budget and remove-padding updates), :mod:`repro.bench.rollout` (rollout speed),
+  each with its own arguments.
 
 The base command line comes after ``--`` (default ``-cn grpo_tiny``), e.g.
 ``python -m repro.bench six-case --steps 60 -- -cn ppo_tiny trainer.n_gpus_per_node=2``.
@@ -18,6 +21,7 @@ retries (its row says so), 2 for bad arguments or a base the config loader refus
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from collections.abc import Sequence
@@ -42,7 +46,13 @@ from repro.bench.summary import (
     write_tsv,
 )
 
-COMMANDS = ("six-case", "crossover", "workers")
+# Benchmarks with a module of their own: `python -m repro.bench <name> ...` is `python -m repro.bench.<name> ...`.
+FORWARDED = {
+    "workers": "the worker update benchmark",
+    "peers": "one GPU: repro's GRPO step beside verl's and TRL's",
+    "rmpad": "the actor update: padded, token budgets, remove-padding, LoRA",
+    "rollout": "rollout speed: hf, plain generate, vLLM",
+}
 
 
 def _fmt(value: Any, spec: str = ".3f") -> str:
@@ -106,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
         s.add_argument("--outputs-root", default="outputs")
         s.add_argument("--retries", type=int, default=1, help="retries of a failed run (recorded)")
         s.add_argument("--timeout", type=float, default=3600.0, help="seconds per run attempt")
-    sub.add_parser("workers", help="the worker update benchmark (python -m repro.bench.workers --help)",
-                   add_help=False)
+    for name, help_ in FORWARDED.items():
+        sub.add_parser(name, help=f"{help_} (python -m repro.bench.{name} --help)", add_help=False)
     return p
 
 
@@ -139,10 +149,8 @@ def _plan(args: argparse.Namespace) -> tuple[list[Case], list[int], list[tuple[s
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["workers"]:
-        from repro.bench import workers
-
-        return workers.main(argv[1:])
+    if argv[:1] and argv[0] in FORWARDED:
+        return importlib.import_module(f"repro.bench.{argv[0]}").main(argv[1:])
     base = list(DEFAULT_BASE)
     if "--" in argv:
         cut = argv.index("--")

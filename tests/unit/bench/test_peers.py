@@ -87,3 +87,10 @@ def test_an_unknown_peer_is_refused_with_the_choices(capsys: pytest.CaptureFixtu
     assert peers.main(["--peers", "repro-zero2,deepspeed-chat"]) == 2
     err = capsys.readouterr().err
     assert "deepspeed-chat" in err and "verl-dp" in err
+
+
+def test_python_m_repro_bench_peers_is_the_peer_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    from repro.bench.__main__ import main as bench_main
+
+    assert bench_main(["peers", "--micro", "48"]) == 2
+    assert "--micro 48: must divide" in capsys.readouterr().err
