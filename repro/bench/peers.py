@@ -39,6 +39,9 @@ MEMORY = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
 SCORE, TAIL = "critic/score/mean", 5
 UTIL = 0.3  # vLLM's gpu_memory_utilization: the verl e2e recipe's, so every peer gets the same
 MINI_BATCH = 128  # samples per mini-batch in the recipe (16 prompts x 8); a micro-batch divides it
+# Activation checkpointing off for every peer, stated: verl's model config turns it on by default
+# (repro's and TRL's leave it off), and at this size it only adds a second forward.
+NO_CHECKPOINTING = "actor_rollout_ref.model.enable_gradient_checkpointing=False"
 
 
 def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_dir: Path,
@@ -57,11 +60,12 @@ def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_di
                 "actor_rollout_ref.rollout.enforce_eager=True", f"actor_rollout_ref.actor.deepspeed.zero_stage={stage}",
                 "actor_rollout_ref.actor.deepspeed.torch_adam=True",
                 f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-                f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}"]
+                f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}", NO_CHECKPOINTING]
     if peer.startswith("verl-"):
         engine = peer.removeprefix("verl-")
         return [py, "-m", "repro.integrations.verl.e2e", "--engine", engine, "--steps", str(steps),
-                "--out", str(run_dir.parent / "verl_runs"), "--micro", str(micro), _sleep_flag(vllm_sleep)]
+                "--out", str(run_dir.parent / "verl_runs"), "--micro", str(micro), _sleep_flag(vllm_sleep),
+                NO_CHECKPOINTING]  # e2e hands keys it does not know to verl's trainer
     return [py, "-m", "repro.integrations.trl.peer", "--policy", str(policy), "--train", str(train),
             "--steps", str(steps), "--out", str(run_dir), "--util", str(UTIL), "--micro", str(micro),
             _sleep_flag(vllm_sleep)]

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         temperature=1.0, top_p=1.0, learning_rate=1e-4, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.01, max_grad_norm=1.0, epsilon=0.2, beta=0.0, scale_rewards="group", loss_type="dapo",
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=args.util,
-        vllm_enable_sleep_mode=args.vllm_sleep, bf16=True,
+        vllm_enable_sleep_mode=args.vllm_sleep, bf16=True, gradient_checkpointing=False,
         max_steps=args.steps * STEPS_PER_ROLLOUT, logging_steps=1, report_to="none", save_strategy="no",
         seed=1, data_seed=0, disable_dropout=True,
         deepspeed={"zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}, "gradient_clipping": "auto",

@@ -27,6 +27,7 @@ def test_the_repro_peers_command_is_one_the_config_loader_accepts(peer: str, tmp
     # The settings every peer gets alike: one micro-batch per mini-batch, vLLM awake throughout.
     assert actor.ppo_micro_batch_size_per_gpu == peers.MINI_BATCH
     assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
+    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
 
 
 @pytest.mark.parametrize("micro,sleep", [(32, True), (128, False)])
@@ -39,6 +40,9 @@ def test_every_peer_is_given_the_same_micro_batch_and_vllm_sleep_setting(micro: 
         else:
             assert cmd[cmd.index("--micro") + 1] == str(micro)
             assert ("--vllm-sleep" if sleep else "--no-vllm-sleep") in cmd
+        if peer.startswith(("repro-", "verl-")):
+            # verl's model config checkpoints activations unless told not to; TRL's peer sets it off itself.
+            assert "actor_rollout_ref.model.enable_gradient_checkpointing=False" in cmd
 
 
 def test_verls_command_line_carries_the_micro_batch_and_sleep_setting(tmp_path: Path) -> None:
