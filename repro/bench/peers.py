@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from repro.config.presets import samples_per_mini_batch
 from repro.rl.metrics import MetricsLog
 
 PEERS = ("repro-zero2", "repro-zero3", "verl-dp", "verl-deepspeed", "trl")
@@ -38,7 +39,7 @@ SPLIT = ("timing_s/step", "timing_s/gen", "timing_s/update_actor", "timing_s/upd
 MEMORY = ("perf/max_memory_allocated_gb", "actor/perf/max_memory_allocated_gb")
 SCORE, TAIL = "critic/score/mean", 5
 UTIL = 0.3  # vLLM's gpu_memory_utilization: the verl e2e recipe's, so every peer gets the same
-MINI_BATCH = 128  # samples per mini-batch in the recipe (16 prompts x 8); a micro-batch divides it
+MINI_BATCH = samples_per_mini_batch("grpo_tiny")  # 16 prompts x 8; a micro-batch divides it
 # Activation checkpointing off for every peer, stated: verl's model config turns it on by default
 # (repro's and TRL's leave it off), and at this size it only adds a second forward.
 NO_CHECKPOINTING = "actor_rollout_ref.model.enable_gradient_checkpointing=False"
@@ -114,13 +115,17 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _measured(peer: str, run_dir: Path) -> list[dict[str, float]]:
-    """The rows of ``peer``'s ``metrics.tsv`` (none when it did not get to a step)."""
+def _metrics_file(peer: str, run_dir: Path) -> Path:
     if peer.startswith("verl-"):
         # repro.integrations.verl.e2e names its run folders by engine (ZeRO-2 for deepspeed).
         name = "dp" if peer == "verl-dp" else "deepspeed-zero2"
-        return MetricsLog(run_dir.parent / "verl_runs" / name / "metrics.tsv").rows
-    return MetricsLog(run_dir / "metrics.tsv").rows
+        return run_dir.parent / "verl_runs" / name / "metrics.tsv"
+    return run_dir / "metrics.tsv"
+
+
+def _measured(peer: str, run_dir: Path) -> list[dict[str, float]]:
+    """The rows of ``peer``'s ``metrics.tsv`` (none when it did not get to a step)."""
+    return MetricsLog(_metrics_file(peer, run_dir)).rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_commands:
         return 0
     # Peers measured by earlier calls into the same --out join the table (a 10-minute command limit
-    # may split the peers over several calls on one machine); each row says when its run ended.
+    # may split the peers over several calls on one machine); peers.json says when their runs ended.
     for peer in PEERS:
         if peer not in results and (rows := _measured(peer, args.out / peer)):
-            results[peer] = summarize(rows) | {"earlier_call": True}
+            ended = time.gmtime(_metrics_file(peer, args.out / peer).stat().st_mtime)
+            results[peer] = summarize(rows) | {"earlier_call_ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", ended)}
     results = {peer: results[peer] for peer in PEERS if peer in results}
     import torch
 

@@ -312,7 +312,7 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
             tracer.after(rec)
             if rec.async_op and result is not None:
                 return wrap_work(result, rec, tracer)
-            if rec.peer is None and rec.pairs and type(result) is int:  # recv(src=None) returns the sender
+            if type(result) is int:  # recv returns its sender: learn_source takes it for src=None only
                 learn_source(tracer, rec, result)
         return result
 

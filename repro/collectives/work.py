@@ -17,7 +17,7 @@ from typing import Any
 from repro.collectives.active import active
 from repro.collectives.callsite import sites_and_stack
 from repro.collectives.events import CallRecord
-from repro.collectives.p2p import learn_source
+from repro.collectives.p2p import is_any_source, learn_source
 
 
 def traced_wait(
@@ -55,7 +55,7 @@ def traced_wait(
         tracer.write_event({"ev": "err", "index": wait.index, "t": time.time(), "error": repr(exc)[:200]})
         raise
     tracer.write_event({"ev": "ret", "index": wait.index, "t": time.time()})
-    if work is not None and rec.peer is None and rec.pairs and rec.pairs[0][1] is None:
+    if work is not None and rec.pairs and is_any_source(rec.pairs[0]):
         # irecv(src=None): its work knows the sender (a group rank) once it completed
         learn_source(tracer, rec, rec.ranks[work._source_rank()])
     return result

@@ -170,6 +170,9 @@ class TrainerConfig:
     def __post_init__(self) -> None:
         if any(not isinstance(s, int) or isinstance(s, bool) or s < 1 for s in self.profile_steps):
             _fail(self, "profile_steps", "must list step numbers >= 1")
+        if self.total_training_steps is not None and any(s > self.total_training_steps for s in self.profile_steps):
+            _fail(self, "profile_steps", f"lists a step after the last (trainer.total_training_steps="
+                  f"{self.total_training_steps})")
         _positive(self, "n_gpus_per_node")
         _positive(self, "nnodes")
         _choice(self, "device", DEVICES)

@@ -88,8 +88,8 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
     done.mkdir(parents=True)
     (done / "run.json").write_text('{"status": "finished", "last_step": 60}')
     # Two steps: a metrics row per step, validation before training and at the last step.
-    proc = _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1"],
-                tmp_path, ray_address=ray_head)
+    proc = _run("grpo_tiny", ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1",
+                              "trainer.profile_steps=[2]"], tmp_path, ray_address=ray_head)
     [out] = [d for d in (tmp_path / "outputs").iterdir() if d != done]
     rows = _check_outputs(out, 2, ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
                                    "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
@@ -101,6 +101,12 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
     assert read_summary(out / "summary.tsv")["val_before_train"] > 0.1
     log = (out / "train.log").read_text()
     assert "finished 2 step(s)" in log
+    # trainer.profile_steps=[2]: every rank's step 2 under torch.profiler, step 1 not.
+    assert sorted(p.name for p in (out / "profile").iterdir()) == [
+        f"step2_rank{r}.{ext}" for r in (0, 1) for ext in ("trace.json", "txt")]
+    for r in (0, 1):
+        assert (out / "profile" / f"step2_rank{r}.txt").read_text().startswith(f"step 2, rank {r}:")
+    assert f"step 2 profiled: {out / 'profile' / 'step2_rank0.txt'}" in log
     # What it continues or not, and its setup, on the console and in train.log alike.
     for text in (proc.stderr, log):
         assert f"the previous run of this experiment finished (60 steps) in {done}; this is a new run in {out}" in text

@@ -8,7 +8,9 @@ tokens, temperature 1, lr 1e-4 constant, 2 epochs (``num_iterations``) x 2 mini-
 them), clip 0.2, no KL (``beta=0``), grad clip 1.0, group-normalised advantages
 (``scale_rewards='group'``), token-mean loss over the mini-batch (``loss_type='dapo'``, verl's
 ``token-mean``), repro's reward (strict ``#### N``, 0.1 for a formatted wrong answer), torch
-AdamW under DeepSpeed ZeRO-2 (no optimizer in the DeepSpeed config: the Trainer's own), bf16.
+AdamW under DeepSpeed ZeRO-2 (no optimizer in the DeepSpeed config: the Trainer's own), bf16, no
+activation checkpointing. ``--micro`` samples per micro-batch (default: one micro-batch a
+mini-batch) and ``--vllm-sleep`` are the settings the peer benchmark gives every peer alike.
 
 Each rollout step becomes one ``metrics.tsv`` row in verl's names: ``timing_s/step`` (wall time
 between rollout-step ends), ``timing_s/gen`` (TRL's ``_generate_and_score_completions``: vLLM,
@@ -26,11 +28,13 @@ import sys
 import time
 from pathlib import Path
 
+from repro.config.presets import samples_per_mini_batch
+
 # TRL counts micro-batches: an optimizer step every gradient_accumulation_steps of them, a rollout
 # every num_iterations x steps_per_generation; with steps_per_generation = 2 x accumulation a rollout
 # step is 2 epochs x 2 mini-batches = 4 optimizer steps whatever the micro-batch.
 STEPS_PER_ROLLOUT = 4
-MINI_BATCH = 128  # samples per mini-batch: 16 prompts x 8
+MINI_BATCH = samples_per_mini_batch("grpo_tiny")  # 16 prompts x 8
 
 
 def _dataset(train: Path, tokenizer):

@@ -42,3 +42,10 @@ def test_the_profiler_refuses_a_stop_without_a_start_and_a_second_start() -> Non
 def test_profile_steps_must_be_step_numbers(steps: str) -> None:
     with pytest.raises(ValueError, match=r"trainer.profile_steps=.* must list step numbers >= 1"):
         load_config([f"trainer.profile_steps={steps}"], config_name="grpo_tiny")
+
+
+def test_a_profile_step_after_the_last_step_is_refused_instead_of_never_running() -> None:
+    with pytest.raises(ValueError, match=r"profile_steps=\[5, 61\] lists a step after the last "
+                                         r"\(trainer.total_training_steps=60\)"):
+        load_config(["trainer.profile_steps=[5,61]"], config_name="grpo_tiny")
+    assert load_config(["trainer.profile_steps=[60]"], config_name="grpo_tiny").trainer.profile_steps == [60]
