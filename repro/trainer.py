@@ -49,6 +49,7 @@ from repro.rl.step import (
     apply_kl_penalty,
     batch_metrics,
     decode_responses,
+    rollout_corr_metrics,
     score_responses,
     timing_per_token_ms,
     token_level_scores,
@@ -164,6 +165,8 @@ class PPOTrainer:
             with timer("old_log_prob", timings):
                 outs = self._fan("compute_log_prob", batch, _FORWARD_KEYS)
                 batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
+                if "rollout_log_probs" in batch:  # the vLLM rollout returns its own
+                    row.update(rollout_corr_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
                 if all("entropy" in o for o in outs):
                     # Aggregated as the actor's loss is (verl): per token only with token-mean.
                     actor = cfg.actor_rollout_ref.actor

@@ -62,13 +62,13 @@ COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb
 
 
 def _model_config(shape: str):
-    from repro.data.tiny_model import TinyShape, qwen3_0p6b_config, tiny_config
+    from repro.data.tiny_model import PolicyShape, qwen3_0p6b_config, tiny_config
 
     if shape == "qwen3-0.6b":
         return qwen3_0p6b_config()
     if shape == "tiny":
         return tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                           shape=TinyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                           shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
                                            max_position_embeddings=2048))
     raise ValueError(f"--shape={shape!r} is not valid; choose one of ['tiny', 'qwen3-0.6b']")
 

@@ -80,6 +80,9 @@ def engine_kwargs(cfg: RunConfig, *, worker_extension_cls: str | None = None) ->
         "load_format": load_format(ro.load_format),
         "enable_sleep_mode": ro.free_cache_engine,
         "seed": cfg.trainer.seed,
+        # Log-probs after temperature (and top-k/p): what the trainer recomputes as old_log_probs,
+        # so rollout_corr/* measures the engines' disagreement, not the sampling settings.
+        "logprobs_mode": "processed_logprobs",
     }
     if model.override_config:
         kwargs["hf_overrides"] = dict(model.override_config)
@@ -101,6 +104,8 @@ def sampling_kwargs(sampling: Sampling, n: int, eos_id: int, seed: int | None) -
         "max_tokens": sampling.response_length,
         "stop_token_ids": [eos_id],
         "detokenize": False,
+        # The sampled token's log-prob only (0 alternatives): the trainer compares its own with it.
+        "logprobs": 0,
     }
     if sampling.greedy:
         kwargs.update(temperature=0.0, top_p=1.0, top_k=0)

@@ -143,12 +143,12 @@ def model_size_of(module: Any) -> ModelSize | None:
 def model_size_for_path(path: str) -> ModelSize | None:
     """The size a model folder would give, from its ``config.json`` alone (the plan asks; None: unknown).
 
-    ``tiny`` is the built-in tiny policy, sized from its recipe.
+    A built-in policy (``tiny``, ...) is sized from its recipe.
     """
-    if path == "tiny":
-        from repro.data.sft import SFTRecipe
+    from repro.data.policies import POLICIES
 
-        return ModelSize(SFTRecipe().shape.hidden_size)
+    if path in POLICIES:
+        return ModelSize(POLICIES[path].recipe.shape.hidden_size)
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         return None
@@ -170,12 +170,14 @@ def use_leaves(zero_stage: int, enabled: bool, lora: bool) -> bool:
 def leaf_names_for_path(path: str) -> list[str] | None:
     """The leaf class names a model folder would get, without loading weights (for the plan).
 
-    ``tiny`` is the built-in Qwen3 policy; None when the folder or its architecture is unknown.
+    A built-in policy is a Qwen3; None when the folder or its architecture is unknown.
     """
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    if path == "tiny":
+    from repro.data.policies import POLICIES
+
+    if path in POLICIES:
         model_type = "qwen3"
     else:
         config = os.path.join(path, "config.json")

@@ -10,6 +10,8 @@ from typing import Any
 
 _LAZY = {
     "ensure_tiny_policy": "repro.data.sft",
+    "built_in": "repro.data.policies",
+    "is_built_in": "repro.data.policies",
     "SFTRecipe": "repro.data.sft",
     "ensure_arith_parquet": "repro.data.arith",
     "PromptDataset": "repro.data.prompts",

@@ -3,6 +3,7 @@
     python -m repro.data gsm8k --jsonl-dir DIR --out DIR     # GSM8K jsonl -> train/test.parquet
     python -m repro.data arith --out DIR --seed S [--n-train N --n-val N --digits 2,1]
     python -m repro.data tiny-policy --out DIR [--seed S --threshold 0.25]
+    python -m repro.data policy NAME [--out DIR]          # a built-in policy: tiny, qwen3-0.6b-arith
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, help="model folder to write (a valid model.path)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--threshold", type=float, default=None, help="held-out accuracy that stops SFT")
+    b = sub.add_parser("policy", help="build (or find in the cache) a built-in policy and print its figures")
+    b.add_argument("name", help="tiny or qwen3-0.6b-arith (repro.data.policies)")
+    b.add_argument("--out", default=None, help="also copy it to this folder")
     return p
+
+
+REPORT_KEYS = ("num_parameters", "sft_steps", "accuracy_before", "accuracy_after", "build_seconds", "device", "key")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
 
             train, val = write_parquet(args.out, args.seed, args.n_train, args.n_val, args.digits)
             print(f"train -> {train}\nval -> {val}")
+        elif args.cmd == "policy":
+            from repro.data.policies import built_in
+            from repro.data.sft import read_report
+
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+            policy = built_in(args.name)
+            out = policy.ensure(args.out)
+            report = read_report(out) or {}
+            print(json.dumps({k: report.get(k) for k in REPORT_KEYS}))
+            print(f"{policy.name} policy -> {out}")
         else:
             from repro.data.sft import SFTRecipe, ensure_tiny_policy, read_report
 
@@ -70,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 kwargs["threshold"] = args.threshold
             out = ensure_tiny_policy(args.out, SFTRecipe(**kwargs))
             report = read_report(out) or {}
-            summary = {k: report.get(k) for k in ("num_parameters", "sft_steps", "accuracy_before",
-                                                  "accuracy_after", "build_seconds", "device", "key")}
-            print(json.dumps(summary))
+            print(json.dumps({k: report.get(k) for k in REPORT_KEYS}))
             print(f"tiny policy -> {out}")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,4 +1,8 @@
-"""SFT warm start of the tiny policy on the arithmetic task, cached on disk by recipe.
+"""SFT warm start of a built-in policy on the arithmetic task, cached on disk by recipe.
+
+Two recipes are named in ``repro.data.policies``: the tiny policy (1 M parameters, built on CPU)
+and the Qwen3-0.6B-shaped one (built on a GPU in bf16). What follows is said of the tiny one;
+the 0.6B recipe differs in its shape, batch, learning rate, warm-up and dtype only.
 
 A freshly initialised tiny Qwen3 scores ~0 on the task, which gives GRPO nothing to reinforce;
 trained to convergence it scores ~1, which leaves no room to improve. Accuracy under SFT jumps
@@ -39,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from repro.data import arith
-from repro.data.tiny_model import TinyShape, build_model, num_parameters, save_model, tiny_config
+from repro.data.tiny_model import PolicyShape, build_model, num_parameters, save_model, tiny_config
 from repro.data.tokenizer import build_tokenizer
 from repro.devices import default_device
 from repro.rewards.gsm8k import compute_score
@@ -47,6 +51,9 @@ from repro.rewards.gsm8k import compute_score
 # Bump when the training procedure changes, so old cache entries are not reused.
 RECIPE_VERSION = 2
 REPORT_NAME = "repro_tiny_policy.json"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Recipe fields added after version 2, with the value every earlier build used (SFTRecipe.as_dict).
+_ADDED_LATER: dict[str, Any] = {"warmup_steps": 0, "betas": (0.9, 0.999), "weight_decay": 0.01, "dtype": "float32"}
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +82,17 @@ class SFTRecipe:
     """Give up (RuntimeError) if the threshold is not reached by then."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
-    shape: TinyShape = field(default_factory=TinyShape)
+    shape: PolicyShape = field(default_factory=PolicyShape)
     """Model size."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up (the 0.6B policy diverges at 3e-4 without one)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (torch's default)."""
+    dtype: str = "float32"
+    """Parameter dtype of the build: ``float32`` or ``bfloat16`` (pure bf16 weights and AdamW state,
+    the 0.6B recipe: its fp32 Adam state would be 7 GB for a build of a minute)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "digits", arith.validate_digits(self.digits))
@@ -91,6 +107,23 @@ class SFTRecipe:
                              f"for digits={self.digits}")
         if self.lr <= 0 or self.grad_clip <= 0:
             raise ValueError(f"SFTRecipe.lr={self.lr} and grad_clip={self.grad_clip} must be > 0")
+        if self.warmup_steps < 0 or self.weight_decay < 0:
+            raise ValueError(f"SFTRecipe.warmup_steps={self.warmup_steps} and weight_decay={self.weight_decay} "
+                             "must be >= 0")
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
+        if self.dtype not in DTYPES:
+            raise ValueError(f"SFTRecipe.dtype={self.dtype!r} is not one of {sorted(DTYPES)}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """The recipe as the cache key and the build report record it.
+
+        Fields added after recipe version 2 (``_ADDED_LATER``) and shape fields left at None enter
+        only when set, so the tiny policy keeps its key: every cached copy and the committed
+        reports stay valid, and a recipe that sets them gets a key of its own.
+        """
+        d = dataclasses.asdict(self)
+        d["shape"] = {k: v for k, v in d["shape"].items() if v is not None}
+        return {k: v for k, v in d.items() if k not in _ADDED_LATER or _ADDED_LATER[k] != v}
 
     def key(self, device_type: str) -> str:
         """Hash of the recipe, the code version, the device type and the library versions.
@@ -100,7 +133,7 @@ class SFTRecipe:
         SFT stopping step, so each release pair gets its own cache entry.
         """
         blob = json.dumps(
-            {"recipe": dataclasses.asdict(self), "version": RECIPE_VERSION, "device": device_type,
+            {"recipe": self.as_dict(), "version": RECIPE_VERSION, "device": device_type,
              "libraries": library_versions()},
             sort_keys=True,
         )
@@ -223,10 +256,17 @@ def train_tiny_policy(recipe: SFTRecipe, out_dir: str | os.PathLike[str],
 
 
 @contextlib.contextmanager
-def _deterministic() -> Iterator[None]:
-    """Deterministic kernels for the build (an op without one fails instead of varying)."""
+def _deterministic(device: torch.device) -> Iterator[None]:
+    """Deterministic kernels for the build.
+
+    On CPU an op without a deterministic kernel fails instead of varying. On CUDA such an op only
+    warns (``warn_only``): one missing kernel deep in a library must not cost a GPU build, and the
+    0.6B build's determinism is measured instead (two builds, one digest: results/seed_scale/).
+    cuBLAS needs its workspace pinned before its first handle for reproducible GEMMs.
+    """
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
     try:
         yield
     finally:
@@ -234,7 +274,7 @@ def _deterministic() -> Iterator[None]:
 
 
 def _train(recipe: SFTRecipe, out: Path, device: torch.device) -> dict[str, Any]:
-    with _deterministic():
+    with _deterministic(device):
         return _train_deterministic(recipe, out, device)
 
 
@@ -242,11 +282,17 @@ def _train_deterministic(recipe: SFTRecipe, out: Path, device: torch.device) -> 
     t0 = time.perf_counter()
     tok = build_tokenizer()
     config = tiny_config(len(tok), tok.pad_token_id, tok.bos_token_id, tok.eos_token_id, recipe.shape)
-    model = build_model(config, seed=recipe.seed).to(device)
+    if device.type == "cuda":
+        # Eager attention: SDPA's fused CUDA backward kernels have no deterministic mode, and the
+        # build's sequences are ~20 tokens. The saved folder says sdpa (below), as runs use.
+        config._attn_implementation = "eager"
+    # Initialised where it trains: 0.6B parameters take seconds to initialise on a CPU.
+    model = build_model(config, seed=recipe.seed, dtype=DTYPES[recipe.dtype],
+                        device=device if device.type == "cuda" else "cpu").to(device)
     held_out = sft_held_out(recipe)
     draw = sft_training_sampler(recipe)
 
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, betas=recipe.betas, weight_decay=recipe.weight_decay)
     history = [(0, greedy_accuracy(model, tok, held_out, device))]
     step, loss_value = 0, float("nan")
     model.train()
@@ -256,6 +302,9 @@ def _train_deterministic(recipe: SFTRecipe, out: Path, device: torch.device) -> 
                 f"tiny-policy SFT did not reach accuracy {recipe.threshold} in {recipe.max_steps} steps "
                 f"(last checks: {history[-3:]}); raise max_steps or change the seed"
             )
+        if recipe.warmup_steps:
+            for group in opt.param_groups:
+                group["lr"] = recipe.lr * min(1.0, (step + 1) / recipe.warmup_steps)
         ids, mask, labels = _sft_batch(tok, [draw() for _ in range(recipe.batch_size)], device)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
@@ -268,13 +317,14 @@ def _train_deterministic(recipe: SFTRecipe, out: Path, device: torch.device) -> 
         loss_value = float(loss.detach())
         if step % recipe.eval_every == 0:
             history.append((step, greedy_accuracy(model, tok, held_out, device)))
-            log.info("tiny-policy SFT step %d loss %.4f held-out accuracy %.3f (%.1f s)",
+            log.info("policy SFT step %d loss %.4f held-out accuracy %.3f (%.1f s)",
                      step, loss_value, history[-1][1], time.perf_counter() - t0)
+    model.config._attn_implementation = "sdpa"
     save_model(model.to("cpu"), out)
     tok.save_pretrained(out)
     report = {
         "key": recipe.key(device.type),
-        "recipe": dataclasses.asdict(recipe),
+        "recipe": recipe.as_dict(),
         "recipe_version": RECIPE_VERSION,
         "device": device.type,
         "libraries": library_versions(),
@@ -310,18 +360,24 @@ def read_report(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     return json.loads(path.read_text())
 
 
+def cached_policy_dir(recipe: SFTRecipe, device_type: str, folder: str = "tiny-policy") -> Path:
+    """Where the build of ``recipe`` on ``device_type`` is cached (it may not exist yet)."""
+    return cache_root() / folder / recipe.key(device_type)
+
+
 def ensure_tiny_policy(out_dir: str | os.PathLike[str] | None = None, recipe: SFTRecipe | None = None,
-                       device: torch.device | None = None) -> Path:
-    """Path of the warm-started tiny policy (a normal ``model.path``), building it if not cached.
+                       device: torch.device | None = None, folder: str = "tiny-policy") -> Path:
+    """Path of the warm-started policy of ``recipe`` (a normal ``model.path``), building it if not cached.
 
     With ``out_dir`` the cached folder is copied there (skipped if it already holds this recipe).
+    ``folder`` names the cache folder (``repro.data.policies`` gives each built-in policy its own).
     """
     recipe = recipe or SFTRecipe()
     device = device or default_device()
     key = recipe.key(device.type)
-    cached = cache_root() / "tiny-policy" / key
+    cached = cached_policy_dir(recipe, device.type, folder)
     if read_report(cached) is None:
-        with _file_lock(cache_root() / "tiny-policy" / f"{key}.lock"):
+        with _file_lock(cached.parent / f"{key}.lock"):
             if read_report(cached) is None:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cached.parent))
                 try:

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 # transformers' config and model classes are imported where they are used: a job's driver needs
-# only TinyShape (the tiny policy's cache key), and the model classes cost ~1.5 CPU s to import.
+# only PolicyShape (the tiny policy's cache key), and the model classes cost ~1.5 CPU s to import.
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, Qwen3Config
 
 
 @dataclass(frozen=True)
-class TinyShape:
-    """Size knobs of the tiny Qwen3 policy."""
+class PolicyShape:
+    """Size knobs of a built-in Qwen3 policy (the tiny one by default, ``QWEN3_0P6B_SHAPE`` at the seed's scale)."""
 
     hidden_size: int = 128
     """Model width."""
@@ -39,37 +39,44 @@ class TinyShape:
     """MLP width."""
     max_position_embeddings: int = 512
     """Longest sequence the RoPE tables are sized for."""
+    head_dim: int | None = None
+    """Per-head width; None: ``hidden_size // num_attention_heads``."""
+    vocab_size: int | None = None
+    """Embedding rows; None: the tokenizer's size. Qwen3's 151,936 makes the LM head and the
+    log-probs cost what they cost in the real model, whatever part of it the tokenizer uses."""
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
-            if value < 1:
-                raise ValueError(f"TinyShape.{name}={value} must be >= 1")
+            if value is not None and value < 1:
+                raise ValueError(f"PolicyShape.{name}={value} must be >= 1")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
-                f"TinyShape.hidden_size={self.hidden_size} is not divisible by "
+                f"PolicyShape.hidden_size={self.hidden_size} is not divisible by "
                 f"num_attention_heads={self.num_attention_heads}"
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"TinyShape.num_attention_heads={self.num_attention_heads} is not divisible by "
+                f"PolicyShape.num_attention_heads={self.num_attention_heads} is not divisible by "
                 f"num_key_value_heads={self.num_key_value_heads}"
             )
 
 
 def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token_id: int,
-                shape: TinyShape | None = None) -> Qwen3Config:
+                shape: PolicyShape | None = None) -> Qwen3Config:
     """Config of the tiny policy for a tokenizer with these ids."""
     from transformers import Qwen3Config
 
-    shape = shape or TinyShape()
+    shape = shape or PolicyShape()
+    if shape.vocab_size is not None and shape.vocab_size < vocab_size:
+        raise ValueError(f"PolicyShape.vocab_size={shape.vocab_size} is smaller than the tokenizer's {vocab_size} ids")
     return Qwen3Config(
-        vocab_size=vocab_size,
+        vocab_size=shape.vocab_size or vocab_size,
         hidden_size=shape.hidden_size,
         intermediate_size=shape.intermediate_size,
         num_hidden_layers=shape.num_hidden_layers,
         num_attention_heads=shape.num_attention_heads,
         num_key_value_heads=shape.num_key_value_heads,
-        head_dim=shape.hidden_size // shape.num_attention_heads,
+        head_dim=shape.head_dim or shape.hidden_size // shape.num_attention_heads,
         max_position_embeddings=shape.max_position_embeddings,
         tie_word_embeddings=True,
         pad_token_id=pad_token_id,
@@ -77,6 +84,11 @@ def tiny_config(vocab_size: int, pad_token_id: int, bos_token_id: int, eos_token
         eos_token_id=eos_token_id,
     )
 
+
+QWEN3_0P6B_SHAPE = PolicyShape(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                               intermediate_size=3072, max_position_embeddings=40960, head_dim=128,
+                               vocab_size=151936)
+"""Qwen/Qwen3-0.6B's architecture (its published config.json) for a policy built from a seed."""
 
 TOY_VOCAB = 64
 """Vocabulary size of ``toy_qwen3_config`` (token ids ``0..TOY_VOCAB-1``; 0 is padding)."""

@@ -136,3 +136,33 @@ def timing_per_token_ms(batch: Mapping[str, torch.Tensor], timings: Mapping[str,
             tokens = response_tokens if name == "gen" else all_tokens
             out[f"timing_per_token_ms/{name}"] = seconds * 1000 / tokens if tokens > 0 else 0.0
     return out
+
+
+def rollout_corr_metrics(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                         response_mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's log-probs of the rollout's own samples are from the rollout's.
+
+    With exact weights in both engines the only difference is arithmetic (bf16 kernels, reduction
+    order), so these stay near 0; a rollout left with stale weights or a wrong temperature moves
+    them by orders of magnitude. Names follow verl's ``rollout_corr/*`` where verl has them, over
+    response tokens, samples drawn from the rollout policy:
+
+    - ``rollout_corr/kl``: mean of ``log p_rollout - log p_train``, the direct estimate of
+      KL(rollout || train) (can be slightly negative per batch);
+    - ``rollout_corr/k3_kl``: mean of ``r - 1 - log r`` with ``r = p_train / p_rollout``, the
+      non-negative estimate of the same KL (NeMo-RL holds this kind of error below 1e-3);
+    - ``rollout_corr/log_prob_abs_diff_max``: the largest per-token disagreement (repro's own);
+    - ``rollout_corr/training_ppl`` / ``rollout_corr/rollout_ppl``: exp of minus the mean log-prob.
+    """
+    mask = response_mask.bool()
+    train, roll = old_log_probs.float()[mask], rollout_log_probs.float()[mask]
+    if not train.numel():
+        return {}
+    log_ratio = train - roll
+    return {
+        "rollout_corr/kl": (-log_ratio).mean().item(),
+        "rollout_corr/k3_kl": (torch.expm1(log_ratio) - log_ratio).mean().item(),
+        "rollout_corr/log_prob_abs_diff_max": log_ratio.abs().max().item(),
+        "rollout_corr/training_ppl": torch.exp(-train.mean()).item(),
+        "rollout_corr/rollout_ppl": torch.exp(-roll.mean()).item(),
+    }

@@ -1,6 +1,7 @@
 """Everything a run settles before its first step: built-in model and data, run directory, logs.
 
-- ``model.path=tiny`` becomes the warm-started tiny policy (``repro.data.ensure_tiny_policy``);
+- ``model.path=<built-in policy>`` (``tiny``, ``qwen3-0.6b-arith``) becomes its folder, built once
+  per machine and cached (``repro.data.policies``);
   ``data.train_files`` / ``data.val_files`` left at None become the arithmetic task's parquet
   files (``repro.data.ensure_arith_parquet``), both cached under ``$REPRO_CACHE_DIR``.
 - The run directory is ``trainer.output_dir`` when given, else
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -27,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from repro.config import RunConfig
+from repro.data.policies import POLICIES, BuiltInPolicy, built_in, is_built_in
 from repro.run.checkpoints import MARKER, STEP_FORMAT, CheckpointStore
 
 log = logging.getLogger("repro.trainer")
 
-TINY = "tiny"
 RUN_STATE = "run.json"
 LATEST = MARKER
 STEP_DIR = STEP_FORMAT
@@ -46,26 +48,15 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     """A copy of ``cfg`` whose model paths and data files name real folders and files."""
     cfg = copy.deepcopy(cfg)
     models = [cfg.actor_rollout_ref.model, cfg.critic.model]
-    if any(m.path == TINY for m in models):
-        import torch
-
-        from repro.data.sft import SFTRecipe, cache_root, ensure_tiny_policy, read_report
-
-        cached = cache_root() / "tiny-policy" / SFTRecipe().key("cpu")
-        if read_report(cached) is None:
-            # The first run is otherwise silent for about 30 s (minutes on a loaded machine).
-            log.info("building the tiny policy (SFT, about 30 s on 2 free cores; once per machine): it is cached in "
-                     "%s (REPRO_CACHE_DIR sets the folder) and every later run reuses it", cached)
-        # Built on CPU: the driver must not hold a CUDA context (it would sit on rank 0's GPU),
-        # and CPU and GPU runs then start from the same policy.
-        with _quiet_build():
-            tiny = str(ensure_tiny_policy(device=torch.device("cpu")))
+    for name in dict.fromkeys(m.path for m in models if is_built_in(m.path)):
+        folder = _built_in_folder(built_in(name))
         for m in models:
-            if m.path == TINY:
-                m.path = tiny
+            if m.path == name:
+                m.path = folder
     for m in models:
         if not Path(m.path).is_dir():
-            raise ValueError(f"model.path={m.path!r} is not a directory (use a Hugging Face model folder or 'tiny')")
+            raise ValueError(f"model.path={m.path!r} is not a directory (use a Hugging Face model folder or a "
+                             f"built-in policy: {', '.join(POLICIES)})")
     if cfg.data.train_files is None or cfg.data.val_files is None:
         from repro.data.arith import ensure_arith_parquet
         from repro.data.sft import cache_root
@@ -76,6 +67,27 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
         if cfg.data.val_files is None:
             cfg.data.val_files = str(val)
     return cfg
+
+
+def _built_in_folder(policy: BuiltInPolicy) -> str:
+    """The built-in policy's folder, built first if this machine has no copy (and saying so)."""
+    if not policy.is_built():
+        # The first run is otherwise silent for the build (minutes on a loaded machine).
+        log.info("building the %s policy (SFT on %s, about %.1f min; once per machine): it is cached in %s "
+                 "(REPRO_CACHE_DIR sets the folder) and every later run reuses it",
+                 policy.name, policy.device_type.upper(), policy.minutes, policy.cached())
+    if policy.device_type == "cpu":
+        # Built in this process, on CPU: CPU and GPU runs then start from the same policy.
+        with _quiet_build():
+            return str(policy.ensure())
+    # A GPU build runs in a child process: the driver must not hold a CUDA context (it would sit on
+    # rank 0's GPU through the whole run). Its progress lines go to this console.
+    if not policy.is_built():
+        proc = subprocess.run([sys.executable, "-m", "repro.data", "policy", policy.name], stdout=sys.stderr)
+        if proc.returncode != 0:
+            raise RuntimeError(f"building the {policy.name} policy failed (exit {proc.returncode}); "
+                               f"run python -m repro.data policy {policy.name} to see why")
+    return str(policy.cached())
 
 
 class _DropCpuAcceleratorNotice(logging.Filter):

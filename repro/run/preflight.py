@@ -32,9 +32,9 @@ from typing import Any
 
 from repro.cluster import placement
 from repro.config import RunConfig, critic_enabled
+from repro.data.policies import POLICIES, is_built_in
 from repro.devices import visible_gpus
 
-TINY = "tiny"
 # Any of these makes a folder loadable by AutoTokenizer (fast, sentencepiece, BPE, WordPiece, tiktoken).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt",
                    "tokenizer.tiktoken", "qwen.tiktoken")
@@ -94,7 +94,8 @@ def check_model_dir(key: str, path: str, *, need_config: bool = True) -> None:
     """``path`` is a Hugging Face model folder: ``config.json`` (valid JSON) and a tokenizer file."""
     folder = Path(path)
     if not folder.is_dir():
-        raise InputError(f"{key}={path!r} is not a local directory (use a Hugging Face model folder or 'tiny')")
+        raise InputError(f"{key}={path!r} is not a local directory (use a Hugging Face model folder or a built-in "
+                         f"policy: {', '.join(POLICIES)})")
     if need_config:
         config = folder / "config.json"
         if not config.is_file():
@@ -168,6 +169,14 @@ def output_dirs(cfg: RunConfig) -> list[tuple[str, Path]]:
     return dirs
 
 
+def check_built_in(key: str, name: str) -> None:
+    """A built-in policy that builds on a GPU is cached already or has a GPU to build on."""
+    policy = POLICIES[name]
+    if policy.device_type == "cuda" and not policy.is_built() and visible_gpus() == 0:
+        raise InputError(f"{key}={name} is built on a CUDA GPU and none is visible here: build it on a GPU machine "
+                         f"(python -m repro.data policy {name}) and copy {policy.cached()} here, or pass a model folder")
+
+
 def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     """Check ``cfg``'s inputs (module docstring). A real run raises :class:`InputError` at the first
     problem; a dry run (which loads nothing) gets every problem back as a note instead."""
@@ -181,8 +190,10 @@ def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     if critic_enabled(cfg):
         models.append(("critic.model", cfg.critic.model))
     for key, model in models:
-        if model.path != TINY:
+        if not is_built_in(model.path):
             checks.append((check_model_dir, f"{key}.path", model.path))
+        elif not dry:
+            checks.append((check_built_in, f"{key}.path", model.path))
         if model.tokenizer_path:
             checks.append((lambda k, p: check_model_dir(k, p, need_config=False), f"{key}.tokenizer_path",
                            model.tokenizer_path))

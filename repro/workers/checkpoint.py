@@ -230,5 +230,7 @@ def load_worker(worker: TrainableWorker, path: str) -> dict:
 
 
 def tokenizer_dir(model: Any) -> str | None:
-    """Where a role's tokenizer files are (``model`` is its ``*.model`` config section); None for "tiny"."""
-    return model.tokenizer_path or (model.path if model.path != "tiny" else None)
+    """Where a role's tokenizer files are (``model`` is its ``*.model`` config section); None for a built-in policy."""
+    from repro.data.policies import is_built_in
+
+    return model.tokenizer_path or (None if is_built_in(model.path) else model.path)

@@ -51,11 +51,11 @@ def torch_dtype(ds: DeepSpeedConfig) -> torch.dtype:
 
 
 def resolve_model_path(path: str) -> str:
-    """``tiny`` -> the built-in tiny policy folder; anything else must be a Hugging Face folder."""
-    if path == "tiny":
-        from repro.data import ensure_tiny_policy
+    """A built-in policy's name (``tiny``, ...) -> its folder; anything else must be a Hugging Face folder."""
+    from repro.data.policies import built_in, is_built_in
 
-        return str(ensure_tiny_policy())
+    if is_built_in(path):
+        return str(built_in(path).ensure())
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"model.path={path!r} is not a Hugging Face model folder (no config.json there)")
     return path

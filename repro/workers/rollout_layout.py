@@ -63,11 +63,25 @@ def assemble(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.
 
 
 def batch_from_samples(prompt_ids: Sequence[Sequence[int]], samples: Sequence[Sequence[int]], n: int, *,
-                       pad_id: int, eos_id: int, response_length: int, prompt_pad_to: int | None) -> Batch:
-    """The batch from token lists: ``samples[i * n + j]`` is sample ``j`` of prompt ``i``."""
+                       pad_id: int, eos_id: int, response_length: int, prompt_pad_to: int | None,
+                       sample_log_probs: Sequence[Sequence[float]] | None = None) -> Batch:
+    """The batch from token lists: ``samples[i * n + j]`` is sample ``j`` of prompt ``i``.
+
+    ``sample_log_probs`` (the engine's log-prob of each sampled token) becomes ``rollout_log_probs``
+    ``[B, R]``, 0 outside ``response_mask``: what the trainer's own log-probs are compared with.
+    """
     if len(samples) != len(prompt_ids) * n:
         raise ValueError(f"{len(samples)} samples for {len(prompt_ids)} prompts x n={n}")
     prompts, prompt_mask = left_pad(prompt_ids, pad_id, prompt_pad_to)
-    return assemble(prompts.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
-                    right_pad(samples, response_length, pad_id), pad_id, eos_id,
-                    lengths=torch.tensor([len(s) for s in samples], dtype=torch.long))
+    batch = assemble(prompts.repeat_interleave(n, dim=0), prompt_mask.repeat_interleave(n, dim=0),
+                     right_pad(samples, response_length, pad_id), pad_id, eos_id,
+                     lengths=torch.tensor([len(s) for s in samples], dtype=torch.long))
+    if sample_log_probs is not None:
+        lps = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        for i, (s, lp) in enumerate(zip(samples, sample_log_probs, strict=True)):
+            if len(lp) != len(s):
+                raise ValueError(f"rollout sample {i}: {len(lp)} log-probs for {len(s)} tokens")
+            if s:
+                lps[i, : len(s)] = torch.tensor(list(lp), dtype=torch.float32)
+        batch["rollout_log_probs"] = lps * batch["response_mask"]
+    return batch

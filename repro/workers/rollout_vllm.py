@@ -153,6 +153,10 @@ class VLLMRollout:
         outs = self.llm.generate(prompts, params, use_tqdm=False)
         self.awake_nvml_gb = nvml_used_gb()
         self._sleep()
-        samples = [list(c.token_ids) for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+        completions = [c for o in outs for c in sorted(o.outputs, key=lambda c: c.index)]
+        samples = [list(c.token_ids) for c in completions]
+        # Each position's dict holds the sampled token (logprobs=0 asks for no alternatives).
+        log_probs = [[pos[t].logprob for pos, t in zip(c.logprobs, c.token_ids, strict=True)] for c in completions]
         return layout.batch_from_samples(prompt_ids, samples, n, pad_id=self.pad_id, eos_id=self.eos_id,
-                                         response_length=sampling.response_length, prompt_pad_to=prompt_pad_to)
+                                         response_length=sampling.response_length, prompt_pad_to=prompt_pad_to,
+                                         sample_log_probs=log_probs)

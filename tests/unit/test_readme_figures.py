@@ -9,7 +9,6 @@ version this checkout builds, or its figures describe another policy.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import re
@@ -44,7 +43,7 @@ def test_the_readme_and_the_results_page_quote_the_committed_main_job():
 def test_the_committed_main_job_is_of_this_checkouts_tiny_policy():
     report = json.loads((RESULT / "tiny_policy.json").read_text())
     assert report["recipe_version"] == RECIPE_VERSION
-    assert report["recipe"] == json.loads(json.dumps(dataclasses.asdict(SFTRecipe())))
+    assert report["recipe"] == json.loads(json.dumps(SFTRecipe().as_dict()))
     assert report["device"] == "cpu"
     pinned = re.search(r"^transformers==(\S+)$", (ROOT / "constraints" / "cpu.txt").read_text(), re.M).group(1)
     assert report["libraries"]["transformers"] == pinned

@@ -49,14 +49,14 @@ LOSS_TOL, NORM_ATOL, NORM_RTOL = 1e-2, 1e-4, 3e-2  # verl's bar (see the module 
 def model_dir(shape: str, out: Path) -> Path:
     import torch
 
-    from repro.data.tiny_model import TinyShape, build_model, qwen3_0p6b_config, save_model, tiny_config
+    from repro.data.tiny_model import PolicyShape, build_model, qwen3_0p6b_config, save_model, tiny_config
 
     folder = out / f"model-{shape}"
     if (folder / "config.json").is_file():
         return folder
     config = qwen3_0p6b_config() if shape == "qwen3-0.6b" else tiny_config(
         vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-        shape=TinyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128, max_position_embeddings=1024))
+        shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128, max_position_embeddings=1024))
     save_model(build_model(config, seed=0, dtype=torch.float32), folder)
     return folder
 

@@ -31,7 +31,7 @@ def test_seed_keys_reach_the_engine_arguments():
         "tensor_parallel_size": 1, "distributed_executor_backend": "uni", "gpu_memory_utilization": 0.35,
         "max_model_len": 2048, "max_num_seqs": 256, "max_num_batched_tokens": 4096,
         "enable_chunked_prefill": False, "enforce_eager": False, "load_format": "dummy",
-        "enable_sleep_mode": True, "seed": 9, "worker_extension_cls": "a.B",
+        "enable_sleep_mode": True, "seed": 9, "worker_extension_cls": "a.B", "logprobs_mode": "processed_logprobs",
     }
 
 
@@ -54,7 +54,7 @@ def test_sampling_arguments_follow_the_config_and_the_call():
     cfg = _cfg(temperature=0.7, top_p=0.9, top_k=20)
     s = rollout_sampling.resolve(cfg)
     assert vllm_settings.sampling_kwargs(s, 4, eos_id=3, seed=11) == {
-        "n": 4, "max_tokens": 28, "stop_token_ids": [3], "detokenize": False,
+        "n": 4, "max_tokens": 28, "stop_token_ids": [3], "detokenize": False, "logprobs": 0,
         "temperature": 0.7, "top_p": 0.9, "top_k": 20, "seed": 11,
     }
     s = rollout_sampling.resolve(cfg, top_k=-1, response_length=5)

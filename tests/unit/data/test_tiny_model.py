@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM, Qwen3ForCausalLM
 
 from repro.data.tiny_model import (
     TOY_VOCAB,
-    TinyShape,
+    PolicyShape,
     build_model,
     load_model,
     num_parameters,
@@ -79,7 +79,7 @@ def test_qwen3_0p6b_shape_on_meta_device_has_its_published_size():
 )
 def test_bad_tiny_shapes_are_value_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        TinyShape(**kwargs)
+        PolicyShape(**kwargs)
 
 
 def test_toy_qwen3_is_the_small_tied_model_and_overrides_apply():

@@ -82,3 +82,17 @@ def test_sample_count_must_be_prompts_times_n():
     with pytest.raises(ValueError, match="n=2"):
         layout.batch_from_samples([[5], [6]], [[3]] * 3, 2, pad_id=PAD, eos_id=EOS, response_length=2,
                                   prompt_pad_to=None)
+
+
+def test_the_engines_log_probs_land_under_their_tokens_and_nowhere_else():
+    # Sample 0 ends at EOS (its log-prob counts: the EOS is a sampled token); sample 1 is cut short.
+    b = layout.batch_from_samples([[5]], [[3, EOS], [4]], 2, pad_id=PAD, eos_id=EOS, response_length=3,
+                                  prompt_pad_to=None, sample_log_probs=[[-0.5, -0.25], [-2.0]])
+    assert b["rollout_log_probs"].tolist() == [[-0.5, -0.25, 0.0], [-2.0, 0.0, 0.0]]
+    assert b["rollout_log_probs"].dtype == torch.float32
+
+
+def test_a_log_prob_list_that_does_not_match_its_tokens_is_an_error():
+    with pytest.raises(ValueError, match="1 log-probs for 2 tokens"):
+        layout.batch_from_samples([[5]], [[3, 4]], 1, pad_id=PAD, eos_id=EOS, response_length=2,
+                                  prompt_pad_to=None, sample_log_probs=[[-1.0]])

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The seed-scale runs on a 2-GPU machine (results/seed_scale/), one phase per device command so each
+# stays under the 10-minute limit; state lives under /tmp between commands of one warm machine.
+#
+#   bash scripts/seed_scale.sh build         # the qwen3-0.6b-arith policy (SFT on GPU 0), cached in $REPRO_CACHE_DIR
+#   bash scripts/seed_scale.sh run [SEED]    # python -m repro.main_ppo -cn grpo_0p6b (60 steps, vLLM, ZeRO-2);
+#                                            # run again after a cut-off: it resumes from its step-30 checkpoint
+#   bash scripts/seed_scale.sh gate          # the 0.6B gate case of nox -s gpu_e2e (pytest output in $OUT)
+#
+# Expects the project on PYTHONPATH with DeepSpeed, Ray, Hydra and vLLM importable (shared wheels), and $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export REPRO_CACHE_DIR=${REPRO_CACHE_DIR:-/tmp/rcache} REPRO_OUTPUTS_DIR=${REPRO_OUTPUTS_DIR:-/tmp/routs}
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0} NCCL_NVLS_ENABLE=0 \
+  TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$REPRO_OUTPUTS_DIR"
+PY=${PY:-python3}
+keep() {  # the files a run leaves, in one archive (a device command brings back few files)
+  local dir=$1 name=$2
+  tar -czf "$OUT/$name.tar.gz" -C "$(dirname "$dir")" --exclude checkpoints "$(basename "$dir")" 2>/dev/null
+  cp "$dir"/summary.tsv "$OUT/$name.summary.tsv" 2>/dev/null
+  true
+}
+case "${1:-}" in
+  build)
+    { nvidia-smi --query-gpu=name,memory.total --format=csv; $PY -c 'import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)'; } > "$OUT/versions.txt" 2>&1
+    { time $PY -m repro.data policy qwen3-0.6b-arith; } > "$OUT/build.log" 2>&1
+    echo "build rc=$?"; tail -4 "$OUT/build.log"
+    ;;
+  run)
+    seed=${2:-1}; dir=$REPRO_OUTPUTS_DIR/grpo_0p6b_seed$seed
+    timeout "${RUN_TIMEOUT:-560}" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed="$seed" trainer.save_freq=30 \
+      trainer.max_actor_ckpt_to_keep=1 trainer.progress=plain trainer.output_dir="$dir" "${@:3}" >> "$OUT/run_seed$seed.log" 2>&1
+    echo "run rc=$?"; tail -5 "$OUT/run_seed$seed.log"; keep "$dir" "grpo_0p6b_seed$seed"
+    ;;
+  gate)
+    REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 REPRO_GATE_OUT="$REPRO_OUTPUTS_DIR/gate" timeout "${GATE_TIMEOUT:-570}" \
+      $PY -m pytest tests/gpu_e2e -m gpu -k 0p6b_policy -v -s -p no:cacheprovider "${@:2}" > "$OUT/gate_pytest.log" 2>&1
+    echo "gate rc=$?"; tail -5 "$OUT/gate_pytest.log"
+    for d in "$REPRO_OUTPUTS_DIR"/gate/*/; do [ -d "$d" ] && keep "${d%/}" "gate_$(basename "$d")"; done
+    ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate" >&2; exit 2 ;;
+esac
