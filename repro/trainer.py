@@ -1,4 +1,4 @@
-"""The single-controller PPO / GRPO loop (docs/architecture.md, "One RL step").
+"""The single-controller PPO / GRPO loop (docs/architecture.md, "One RL step, stage by stage").
 
 The driver owns the data, the rewards, the advantages and the bookkeeping; the ranks (one
 ``HybridWorker`` each, hosted by ``repro.cluster.worker_group.WorkerGroup``) own the models. One step:
