@@ -1,11 +1,11 @@
-"""The single-controller PPO / GRPO loop (DESIGN.md, "Data flow of one RL step").
+"""The single-controller PPO / GRPO loop (docs/architecture.md, "One RL step, stage by stage").
 
 The driver owns the data, the rewards, the advantages and the bookkeeping; the ranks (one
 ``HybridWorker`` each, hosted by ``repro.cluster.worker_group.WorkerGroup``) own the models. One step:
 
     prompts -> rollout (synced weights) -> rewards (driver) -> old log-probs -> ref log-probs
     (if KL) -> values (PPO) -> advantages (driver) -> update critic -> update actor
-    -> metrics row -> checkpoint at save_freq -> validation at test_freq
+    -> metrics row (+ validation at test_freq, in the same row) -> checkpoint at save_freq
 
 Reproducibility: the prompts of step ``s`` are a pure function of (``data.seed``, ``s``), and
 each rank samples with a seed derived from (``trainer.seed``, ``s``, rank), so a run resumed from

@@ -18,7 +18,7 @@
 # pytest's header). The record (CPU model, date, versions, per-suite counts and times) is written to
 # $OUT/cpu_suite_record.md and printed; the exit status is non-zero when any suite failed.
 #
-# On the GPU machine (see ../shared/DEVICE.md "Wheels": deepspeed, ray, hydra, omegaconf into /tmp/site),
+# On the GPU machine (no network: deepspeed, ray, hydra-core, omegaconf carried as wheels into /tmp/site),
 # one command per suite keeps each under the 10-minute limit:
 #   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site JOBS=8 bash scripts/cpu_suite_elsewhere.sh unit slow
 #   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site JOBS=8 bash scripts/cpu_suite_elsewhere.sh distributed

@@ -43,7 +43,7 @@ START_TIMEOUT_S = 180.0
 # How long a failed rank's peers get for their own exit statuses to arrive (see run_ranks).
 _STATUS_GRACE_S = 1.0
 BACKENDS = ("gloo", "nccl")
-# NVLink multicast (NVLS) must stay off on the lent GPU machines (see DEVICE.md); set in every
+# NVLink multicast (NVLS) must stay off on the lent GPU machines (docs/running.md, the GPU gate); set in every
 # NCCL rank so that a run never depends on the caller's environment for it.
 _NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 

@@ -10,7 +10,10 @@ from hypothesis import strategies as st
 
 
 def batch_rules_hold(p) -> bool:
-    """The batch rules of DESIGN.md written out directly (the oracle for ``repro.batching.plan.plan_batch``)."""
+    """The batch rules of docs/config.md ("Batch semantics") written out directly.
+
+    The oracle for ``repro.batching.plan.plan_batch``.
+    """
     world = p.n_gpus_per_node * p.nnodes
     if world % p.sp:
         return False

@@ -1,6 +1,6 @@
 """Batch semantics of a training role: how one RL step's samples become DeepSpeed micro-batches.
 
-The rules (DESIGN.md, "Batch semantics"):
+The rules (docs/config.md, "Batch semantics"):
 
 - ``world = n_gpus_per_node * nnodes`` and ``dp = world / sp``.
 - One step has ``data.train_batch_size * rollout.n`` samples; a mini-batch has

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device commands of results/bench/README.md (2x H200). $1: workers | six-case | crossover.
-# Wheels installed into /tmp/site as in ../shared/DEVICE.md; the tiny policy comes from the CPU-built
-# cache carried as .cache_repro (REPRO_CACHE_DIR).
+# DeepSpeed, Ray, Hydra, OmegaConf carried as wheels (no network there) and installed into /tmp/site;
+# the tiny policy comes from the CPU-built cache carried as .cache_repro (REPRO_CACHE_DIR).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1 REPRO_CACHE_DIR=$PWD/.cache_repro
