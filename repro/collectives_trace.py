@@ -153,7 +153,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from repro.collectives.launch import Target, launch, log_tail, own_exception, raised_report
+    from repro.collectives.launch.launcher import Target, launch, log_tail, own_exception, raised_report
 
     CheckMode.parse(args.check, source="--check")
     rest = list(args.target)
@@ -221,7 +221,7 @@ def _exit(code: int) -> str:
 
 
 def _run_target(args: argparse.Namespace):  # -> launch.Target
-    from repro.collectives.launch import Target
+    from repro.collectives.launch.launcher import Target
 
     if args.module:
         return Target(args.module[0], tuple(args.module[1:]), module=True)
@@ -248,13 +248,12 @@ def _stall_s() -> float:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from repro.collectives import live_fr
-    from repro.collectives.watch import register_stack_dump
+    from repro.collectives.launch.stall import arm_flight_recorder, register_stack_dump
 
     target = _run_target(args)
     register_stack_dump()
     # Under torchrun nothing else watches this rank: it dumps its Flight Recorder itself on a stall.
-    live_fr.start(os.environ[ENV_DIR], stall_s=_stall_s())
+    arm_flight_recorder(os.environ[ENV_DIR], stall_s=_stall_s())
     install_from_env()
     sys.argv = [target.name, *target.args]
     try:

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from repro.collectives.launch import Target, rank_command
+from repro.collectives.launch.launcher import Target, rank_command
 from repro.collectives.session import stop
 from repro.collectives_trace import build_parser, main
 

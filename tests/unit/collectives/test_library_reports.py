@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from repro.collectives.align import Divergence, parted
 from repro.collectives.events import RankTrace
-from repro.collectives.launch import exception_line, own_exception, raised_report
+from repro.collectives.launch.launcher import exception_line, own_exception, raised_report
 from repro.collectives.report import cause, format_divergence
 from tests.unit.collectives.helpers import call
 

@@ -7,7 +7,7 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_P
 rank fails, the others get ``grace_s`` to fail too (check mode raises on every rank) and are then
 killed (a rank stuck in a real collective would wait for the whole process-group timeout).
 
-The launcher also turns a hang into a report (see :mod:`repro.collectives.watch`): when no live
+The launcher also turns a hang into a report (see :mod:`repro.collectives.launch.stall`): when no live
 rank's record grew for ``stall_s`` while a traced call is outstanding, every rank dumps its Python
 stacks (faulthandler on ``SIGUSR1``, into its log) and is killed. SIGTERM and Ctrl-C to the
 launcher end every rank the same way, and the caller still analyses what was recorded.
@@ -26,8 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from repro.collectives.live_fr import request_dumps
-from repro.collectives.watch import STACK_SIGNAL, ProgressWatch
+from repro.collectives.launch.stall import STACK_SIGNAL, ProgressWatch, request_dumps
 
 _STACK_DUMP_WAIT_S = 1.5
 
