@@ -33,11 +33,11 @@ import sys
 import time
 
 from repro.collectives import record
-from repro.collectives.align import Divergence, first_divergence, parted
+from repro.collectives.analyze.align import Divergence
+from repro.collectives.analyze.findings import analyze, load_traces
+from repro.collectives.analyze.report import divergence_to_json, format_divergence
 from repro.collectives.check import CHECK_CHOICES, CheckMode, CollectiveMismatchError
-from repro.collectives.events import RankTrace, read_trace_dir
-from repro.collectives.flight_recorder import read_dump_dir
-from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
+from repro.collectives.events import RankTrace
 from repro.collectives.session import (
     DEFAULT_STALL_S,
     ENV_DIR,
@@ -54,60 +54,6 @@ __all__ = [
     "load_traces",
     "trace_collectives",
 ]
-
-
-def load_traces(directory: str | os.PathLike) -> dict[int, RankTrace]:
-    """Per-rank traces from ``rank*.jsonl`` files, or else from Flight Recorder dumps."""
-    path = pathlib.Path(directory)
-    if not path.is_dir():
-        raise ValueError(f"trace directory {str(path)!r} does not exist")
-    traces = read_trace_dir(path)
-    if not traces:
-        traces = read_dump_dir(path)
-    if not traces:
-        raise ValueError(f"{path}: no rank*.jsonl trace files and no Flight Recorder dumps found")
-    return traces
-
-
-def analyze(directory: str | os.PathLike) -> tuple[dict[int, RankTrace], Divergence | None]:
-    """The traces of a directory and their first divergence.
-
-    A failure the live check recorded wins (it saw both ranks' calls before they ran);
-    otherwise the per-rank sequences are aligned; when they agree, a rank without a record or a
-    call that never returned is the finding (:mod:`repro.collectives.incomplete`).
-    """
-    from repro.collectives.incomplete import incomplete
-    from repro.collectives.p2p import p2p_mismatch, unreceived
-    from repro.collectives.splits import trace_split_mismatch
-
-    traces = load_traces(directory)
-    for t in sorted(traces.values(), key=lambda t: t.rank):
-        if t.check_failures:
-            return traces, divergence_from_json(t.check_failures[0]["report"])
-    checks = (first_divergence, p2p_mismatch, unreceived, trace_split_mismatch)
-    found = [d for d in (check(traces) for check in checks) if d]
-    if found:
-        div = min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
-        if div.kind == "stopped":
-            # seen from the group, a rank stuck in a send that nobody receives merely stops
-            div = next((d for d in found if d.kind == "unreceived" and d.rank_a == div.rank_b), div)
-        div.parted = div.parted or parted(traces, div)
-        return traces, div
-    below = _below_python(pathlib.Path(directory), traces)
-    return traces, below or incomplete(traces)
-
-
-def _below_python(directory: pathlib.Path, traces: dict[int, RankTrace]) -> Divergence | None:
-    """Flight Recorder dumps beside our records: a divergence in what ran below the Python API."""
-    if traces and next(iter(traces.values())).meta.get("format") == "flight_recorder":
-        return None  # the records are the dumps themselves
-    dumps = read_dump_dir(directory)
-    div = first_divergence(dumps) if len(dumps) >= 2 else None
-    if div is not None:
-        div.source = (
-            "Flight Recorder (collectives run below the Python API: DDP, FSDP2, ProcessGroup methods)"
-        )
-    return div
 
 
 def _summary(traces: dict[int, RankTrace]) -> str:
@@ -135,7 +81,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             else "No divergence: every group's ranks issued the same collectives."
         )
         if div is None:
-            from repro.collectives.align import first_site_difference
+            from repro.collectives.analyze.align import first_site_difference
 
             note = first_site_difference(traces)
             if note:
@@ -144,7 +90,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from repro.collectives.chrome import write_chrome_trace
+    from repro.collectives.analyze.formats import write_chrome_trace
 
     traces, div = analyze(args.dir)
     write_chrome_trace(traces, div, pathlib.Path(args.chrome))

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from repro.collectives.align import Divergence
+from repro.collectives.analyze.align import Divergence
 from repro.collectives.events import CallRecord
 
 CHECK_CHOICES = "off, every, sample:N (N >= 1)"
@@ -75,7 +75,7 @@ class CollectiveMismatchError(RuntimeError):
     """
 
     def __init__(self, divergence: Divergence) -> None:
-        from repro.collectives.report import format_divergence
+        from repro.collectives.analyze.report import format_divergence
 
         self.divergence = divergence
         self.report = format_divergence(divergence)
@@ -178,7 +178,7 @@ class Checker:
                     "call": ref.short(),
                     "stacks": {ref.rank: ref.stack, other.rank: other.stack},
                 }
-        from repro.collectives.splits import split_mismatch
+        from repro.collectives.analyze.findings import split_mismatch
 
         div = split_mismatch(calls, f"check ({self.mode.text}) on rank {rec.rank}")
         if div is not None:
@@ -242,7 +242,8 @@ class Checker:
         The peer cannot have passed that call (it needs this rank's key for it), and this rank
         cannot reach it while it waits here, so the wait is a certain deadlock.
         """
-        from repro.collectives.p2p import blocked_on, pair_divergence
+        from repro.collectives.analyze.findings import pair_divergence
+        from repro.collectives.p2p import blocked_on
 
         for r, key in missing.items():
             theirs = self.peer_last(r)
@@ -292,7 +293,7 @@ class Checker:
         )
 
     def fail(self, div: Divergence, tracer: Any) -> None:
-        from repro.collectives.report import divergence_to_json
+        from repro.collectives.analyze.report import divergence_to_json
 
         if div.parted is None:
             div.parted = self._parted.get(div.group)

@@ -6,7 +6,7 @@ int32 bitmap with one element per parameter; in the first forward after the firs
 broadcasts the rebuilt bucket order (int32). Each ``DistributedDataParallel`` built while tracing
 is remembered with its settings and the user line that built it, so a record can say "DDP's
 unused-parameter bitmap (find_unused_parameters=True, DDP built at train.py:14)" and a report can
-name a setting that differs between ranks as the cause (:func:`repro.collectives.report.cause`).
+name a setting that differs between ranks as the cause (:func:`repro.collectives.analyze.report.cause`).
 """
 
 from __future__ import annotations

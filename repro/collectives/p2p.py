@@ -26,13 +26,12 @@ elsewhere is reported by :func:`unreceived` (an extra send, or one sent to the w
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from typing import Any
 
-from repro.collectives.align import Divergence
-from repro.collectives.events import SIZE_FREE_OPS, CallRecord, RankTrace
+from repro.collectives.analyze.findings import pair_differing_fields, pair_divergence
+from repro.collectives.events import CallRecord, channel, is_any_source, item_record
 
 ROLE = {
     "send": "send",
@@ -44,11 +43,6 @@ ROLE = {
 }
 BLOCKING = frozenset({"send", "recv", "send_object_list", "recv_object_list", "batch_isend_irecv"})
 _OTHER = {"send": "recv", "recv": "send"}
-
-
-def channel(role: str, me: int, peer: int) -> tuple[int, int]:
-    """(source, destination) of a transfer."""
-    return (me, peer) if role == "send" else (peer, me)
 
 
 class PairCounter:
@@ -68,10 +62,6 @@ class PairCounter:
         return self._posted.get((role, src, dst), 0)
 
 
-def is_any_source(item: list[Any]) -> bool:
-    return item[0] == "recv" and item[1] is None
-
-
 def learn_source(tracer: Any, rec: CallRecord, source: int) -> None:
     """An any-source receive completed from global rank ``source``: number it on that channel."""
     if source < 0 or not rec.pairs or not is_any_source(rec.pairs[0]):
@@ -83,28 +73,6 @@ def learn_source(tracer: Any, rec: CallRecord, source: int) -> None:
         tracer.write_event({"ev": "source", "index": rec.index, "peer": source, "seq": seq})
     if tracer.checker is not None:
         tracer.checker.check_p2p(rec, tracer, block=False)
-
-
-def item_record(rec: CallRecord, item: list[Any]) -> CallRecord:
-    """The record of one op of a call (a batch holds several), for pairing and reports."""
-    role, peer, _seq, numel, dtype, op = item
-    return dataclasses.replace(rec, op=op, numel=numel, dtype=dtype, peer=peer, pairs=[item], detail=[])
-
-
-def _mismatch(x: CallRecord, y: CallRecord) -> list[str]:
-    if x.op in SIZE_FREE_OPS or y.op in SIZE_FREE_OPS:
-        return []
-    return [f for f in ("numel", "dtype") if getattr(x, f) != getattr(y, f)]
-
-
-def _ordered(x: CallRecord, y: CallRecord) -> tuple[CallRecord, CallRecord]:
-    return (x, y) if x.rank < y.rank else (y, x)
-
-
-def pair_divergence(x: CallRecord, y: CallRecord, kind: str, source: str) -> Divergence:
-    a, b = _ordered(x, y)
-    differing = _mismatch(a, b) if kind == "mismatch" else []
-    return Divergence(kind, a.group, a.ranks, a.rank, b.rank, a, b, differing=differing, source=source)
 
 
 def blocked_on(theirs: CallRecord, me: int, posted: PairCounter, group_seq: Any) -> bool:
@@ -163,7 +131,7 @@ class PairChecker:
             theirs = CallRecord.from_json(json.loads(store.get(key)))
             store.delete_key(key)
             self._verified.add(key)
-            if _mismatch(mine, theirs):
+            if pair_differing_fields(mine, theirs):
                 source = f"check ({self.checker.mode.text}) on rank {rec.rank}: point-to-point pairing"
                 self.checker.fail(pair_divergence(mine, theirs, "mismatch", source), tracer)
 
@@ -204,59 +172,3 @@ class PairChecker:
             self.checker.fail(pair_divergence(mine, theirs, "deadlock", source), tracer)
         return False
 
-
-def p2p_mismatch(traces: dict[int, RankTrace]) -> Divergence | None:
-    """Record mode: the earliest send/receive pair whose sizes or dtypes differ."""
-    sides = _channel_ops(traces)
-    found = []
-    for (role, src, dst, seq), mine in sides.items():
-        theirs = sides.get(("recv", src, dst, seq)) if role == "send" else None
-        if theirs is not None and _mismatch(mine, theirs):
-            found.append(pair_divergence(mine, theirs, "mismatch", "trace: point-to-point pairing"))
-    return min(found, key=lambda d: d.call_a.t) if found else None
-
-
-def _channel_ops(traces: dict[int, RankTrace]) -> dict[tuple, CallRecord]:
-    """(role, source, destination, seq) -> the op's record, for every numbered op of the records."""
-    sides: dict[tuple, CallRecord] = {}
-    for r, t in traces.items():
-        for c in t.calls:
-            for item in c.pairs:
-                if item[1] is not None and item[2] is not None:
-                    sides[(item[0], *channel(item[0], r, item[1]), item[2])] = item_record(c, item)
-    return sides
-
-
-def unreceived(traces: dict[int, RankTrace]) -> Divergence | None:
-    """Record mode: the earliest send that no receive of its channel took (an extra send, a wrong peer).
-
-    ``call_b`` is the call the receiver waits in instead (none when its record ends),
-    ``last_b`` its last receive on the channel. A receiver with a receive from any source whose
-    sender is not known (still waiting, or an ``irecv`` never waited for) may have taken the send,
-    or may yet: not a finding. A send merely in flight when the job stopped
-    for another reason is later than that reason, and the earliest finding wins.
-    """
-    sides = _channel_ops(traces)
-    found = []
-    for (role, src, dst, seq), send in sides.items():
-        if role != "send" or ("recv", src, dst, seq) in sides or dst not in traces or dst == src:
-            continue
-        receiver = traces[dst]
-        if any(is_any_source(i) for c in receiver.calls for i in c.pairs):
-            continue  # an any-source receive of unknown sender (waiting, never waited) may be its
-        took = [c for (r, s, d, _), c in sides.items() if r == "recv" and (s, d) == (src, dst)]
-        blocked = next((c for c in receiver.calls if c.t_end is None), None)
-        found.append(
-            Divergence(
-                "unreceived",
-                send.group,
-                send.ranks,
-                src,
-                dst,
-                send,
-                call_b=blocked,
-                last_b=max(took, key=lambda c: c.pairs[0][2]) if took else receiver.last_call,
-                source="trace: point-to-point pairing",
-            )
-        )
-    return min(found, key=lambda d: d.call_a.t) if found else None

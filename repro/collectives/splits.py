@@ -11,9 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from repro.collectives.align import Divergence
-from repro.collectives.events import CallRecord, RankTrace
-
 
 def _rows(tensor: Any, splits: list[int] | None, n: int) -> list[int]:
     if tensor.dim() == 0:
@@ -37,41 +34,3 @@ def split_numels(op: str, params: dict[str, Any], n: int) -> list[Any]:
         _rows(out, params.get("output_split_sizes"), n),
     ]
 
-
-def split_mismatch(calls: dict[int, CallRecord], source: str) -> Divergence | None:
-    """The first pair (i sends, j expects) that disagree among one all-to-all's calls, by global rank."""
-    ranks = sorted(calls)
-    for i in ranks:
-        ci = calls[i]
-        if len(ci.detail) != 3 or ci.detail[0] != "splits":
-            continue
-        for j in ranks:
-            cj = calls[j]
-            if j == i or len(cj.detail) != 3 or cj.op != ci.op:
-                continue
-            gi, gj = ci.ranks.index(i), cj.ranks.index(j)
-            if gj >= len(ci.detail[1]) or gi >= len(cj.detail[2]):
-                continue
-            if ci.detail[1][gj] != cj.detail[2][gi]:
-                a, b = (ci, cj) if i < j else (cj, ci)
-                div = Divergence("mismatch", a.group, a.ranks, a.rank, b.rank, a, b, differing=["splits"])
-                div.source = (
-                    f"{source}: rank {i} sends {ci.detail[1][gj]} elements to rank {j}, "
-                    f"which expects {cj.detail[2][gi]}"
-                )
-                return div
-    return None
-
-
-def trace_split_mismatch(traces: dict[int, RankTrace]) -> Divergence | None:
-    """Record mode: the earliest all-to-all whose ranks' split sizes disagree."""
-    by_call: dict[tuple[str, int], dict[int, CallRecord]] = {}
-    for r, t in traces.items():
-        for c in t.calls:
-            if c.group_seq is not None and c.op in ("all_to_all", "all_to_all_single"):
-                by_call.setdefault((c.group, c.group_seq), {})[r] = c
-    for _key, calls in sorted(by_call.items(), key=lambda kv: min(c.t for c in kv[1].values())):
-        div = split_mismatch(calls, "trace")
-        if div is not None:
-            return div
-    return None

@@ -16,8 +16,8 @@ from typing import Any
 
 from repro.collectives.active import active
 from repro.collectives.callsite import sites_and_stack
-from repro.collectives.events import CallRecord
-from repro.collectives.p2p import is_any_source, learn_source
+from repro.collectives.events import CallRecord, is_any_source
+from repro.collectives.p2p import learn_source
 
 
 def traced_wait(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from repro.collectives.align import Divergence, parted
+from repro.collectives.analyze.align import Divergence, parted
+from repro.collectives.analyze.report import cause, format_divergence
 from repro.collectives.events import RankTrace
 from repro.collectives.launch.launcher import exception_line, own_exception, raised_report
-from repro.collectives.report import cause, format_divergence
 from tests.unit.collectives.helpers import call
 
 _DDP = "DDP reducer: {what} (find_unused_parameters={fu}, static_graph=False, bucket_cap_mb=25; DDP built at train.py:12 <module>)"
