@@ -36,7 +36,7 @@ from repro.collectives import record
 from repro.collectives.analyze.align import Divergence
 from repro.collectives.analyze.findings import analyze, load_traces
 from repro.collectives.analyze.report import divergence_to_json, format_divergence
-from repro.collectives.check import CHECK_CHOICES, CheckMode, CollectiveMismatchError
+from repro.collectives.check.checker import CHECK_CHOICES, CheckMode, CollectiveMismatchError
 from repro.collectives.events import RankTrace
 from repro.collectives.session import (
     DEFAULT_STALL_S,

@@ -108,7 +108,7 @@ def _kernel(name: str, packet: Any) -> Callable:
                 issuers.describe,
             )
         except Exception as exc:
-            from repro.collectives.check import CollectiveMismatchError
+            from repro.collectives.check.checker import CollectiveMismatchError
 
             if isinstance(exc, CollectiveMismatchError):
                 raise

@@ -283,7 +283,7 @@ def _make_wrapper(op: str, original: Callable) -> Callable:
         try:
             rec = tracer.before(op, args, kwargs)
         except Exception as exc:
-            from repro.collectives.check import CollectiveMismatchError
+            from repro.collectives.check.checker import CollectiveMismatchError
 
             if isinstance(exc, CollectiveMismatchError):
                 raise

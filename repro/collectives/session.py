@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterator
 
 from repro.collectives import record
-from repro.collectives.check import Checker, CheckMode
+from repro.collectives.check.checker import Checker, CheckMode
 
 ENV_DIR = "REPRO_COLLECTIVES_TRACE"
 ENV_CHECK = "REPRO_COLLECTIVES_CHECK"

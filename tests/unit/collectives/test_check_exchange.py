@@ -14,7 +14,7 @@ import json
 import pytest
 import torch.distributed as dist
 
-from repro.collectives.check import Checker, CheckMode
+from repro.collectives.check.checker import Checker, CheckMode
 from repro.collectives.record import Tracer
 from tests.unit.collectives.helpers import call
 

@@ -65,7 +65,7 @@ def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_o
     (tmp_path / "rank0.log").write_text(
         "Traceback (most recent call last):\n"
         '  File "job.py", line 6, in <module>\n'
-        "repro.collectives.check.CollectiveMismatchError: Collective mismatch on group 0\n"
+        "repro.collectives.check.checker.CollectiveMismatchError: Collective mismatch on group 0\n"
     )
     tb = own_exception(tmp_path, 1)
     assert tb is not None and "frozen runpy" not in tb and "Current thread" not in tb
