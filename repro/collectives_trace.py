@@ -32,19 +32,19 @@ import runpy
 import sys
 import time
 
-from repro.collectives import record
 from repro.collectives.analyze.align import Divergence
 from repro.collectives.analyze.findings import analyze, load_traces
 from repro.collectives.analyze.report import divergence_to_json, format_divergence
 from repro.collectives.check.checker import CHECK_CHOICES, CheckMode, CollectiveMismatchError
 from repro.collectives.events import RankTrace
-from repro.collectives.session import (
+from repro.collectives.record.session import (
     DEFAULT_STALL_S,
     ENV_DIR,
     ENV_STALL,
     install_from_env,
     trace_collectives,
 )
+from repro.collectives.record.tracer import active
 
 __all__ = [
     "CollectiveMismatchError",
@@ -213,7 +213,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     finally:
         # The hang watch: this rank waits for no one now, however long its teardown takes
         # (after an exception too: the rank is on its way out).
-        tracer = record.active()
+        tracer = active()
         if tracer is not None:
             tracer.pending.settle()
             tracer.write_event({"ev": "end", "t": time.time()})

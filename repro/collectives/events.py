@@ -13,7 +13,8 @@ waits for).
 A point-to-point call carries its ops as ``pairs`` items ``[role, peer, seq, numel, dtype, op]``:
 every send-side op from rank S to rank D is numbered on the channel S->D, every receive-side op
 of D from S on the same channel, and the n-th send and the n-th receive of a channel are one
-transfer (:func:`channel`, :func:`item_record`; the numbering is
+transfer, as both backends pair them in posting order (tags aside) (:func:`channel`,
+:func:`item_record`; the numbering is
 :class:`repro.collectives.record.tracer.PairCounter`, the live pairing check
 :mod:`repro.collectives.check.pairs`, the pairing in the records
 :mod:`repro.collectives.analyze.findings`).
