@@ -238,6 +238,8 @@ def log_tail(out_dir: pathlib.Path, rank: int, lines: int = 25) -> str:
 _TRACEBACK = "Traceback (most recent call last):"
 _PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)  # torch's per-rank prefix on stderr lines
 _NOT_TRACEBACK = ("Current thread 0x", "Thread 0x", "Fatal Python error")
+# The entry point and the command line that ``run`` goes through (repro/collectives/cli.py).
+_TOOL_FRAME = re.compile(r'collectives_trace\.py"|[/\\]collectives[/\\]cli\.py"')
 
 
 def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | None:
@@ -265,7 +267,7 @@ def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | No
     skipping = False
     for line in block:
         if line.startswith("  File "):
-            skipping = "<frozen runpy>" in line or "collectives_trace.py" in line
+            skipping = "<frozen runpy>" in line or bool(_TOOL_FRAME.search(line))
         elif not line.startswith(" "):
             skipping = False
         if not skipping:

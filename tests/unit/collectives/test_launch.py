@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
+from repro.collectives.cli import build_parser, main
 from repro.collectives.launch.launcher import Target, rank_command
 from repro.collectives.record.session import stop
-from repro.collectives_trace import build_parser, main
 
 SCENARIO = "repro.scenarios.zero2_inactive_micro"
 

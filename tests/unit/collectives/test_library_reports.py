@@ -55,6 +55,10 @@ def test_where_the_paths_parted_is_the_first_same_call_from_different_stacks():
 def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_one(tmp_path):
     (tmp_path / "rank1.log").write_text(
         "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/r/repro/collectives_trace.py", line 45, in <module>\n'
+        "[rank1]:     sys.exit(main())\n"
+        '[rank1]:   File "/r/repro/collectives/cli.py", line 190, in _cmd_run\n'
+        '[rank1]:     runpy.run_path(target.name, run_name="__main__")\n'
         '[rank1]:   File "<frozen runpy>", line 88, in _run_code\n'
         '[rank1]:   File "job.py", line 4, in <module>\n'
         "[rank1]:     load()\n"
@@ -69,6 +73,8 @@ def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_o
     )
     tb = own_exception(tmp_path, 1)
     assert tb is not None and "frozen runpy" not in tb and "Current thread" not in tb
+    assert "collectives_trace.py" not in tb and "cli.py" not in tb and "runpy.run_path" not in tb
+    assert 'File "job.py", line 4' in tb
     assert exception_line(tb) == "ValueError: batch 1 has no rows"
     assert own_exception(tmp_path, 0) is None
 
