@@ -17,9 +17,10 @@ and on an import cycle between the modules of one subpackage.
     8      front doors                           main_ppo bench integrations
 
 ``devices`` (CPU or CUDA, NVML) sits at the bottom because the tiny policy's SFT (``data``) and
-the plan (``config``) ask it too; ``collectives_trace`` is the trace tool's public API over
-``collectives``, which a job's process group (``cluster.process_group``) installs through
-``collectives.install``.
+the plan (``config``) ask it too; ``collectives_trace`` is the trace tool's entry point and public
+API over ``collectives`` (layered inside by its own table: ``record``, ``check``, ``analyze``,
+``launch``), which a job's process group (``cluster.process_group``) switches on through
+``collectives.record.session.install_from_env``.
 """
 
 __version__ = "0.1.0"

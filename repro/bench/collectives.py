@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from repro.bench.collective_steps import _sync, _traced, detail_group
-from repro.collectives.launch import free_port
+from repro.collectives.launch.launcher import free_port
 
 MODES = ("off", "record", "every", "sample:10")
 CALL_MODES = (*MODES, "detail")

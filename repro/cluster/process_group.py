@@ -49,7 +49,7 @@ def init_distributed(timeout_s: float = 600.0) -> None:
     assert dist.is_initialized()
     # After deepspeed.comm exists: DeepSpeed caches its all-gather / reduce-scatter functions at
     # start-up, and tracing must wrap those too. A no-op unless REPRO_COLLECTIVES_TRACE is set.
-    from repro.collectives.session import install_from_env
+    from repro.collectives.record.session import install_from_env
 
     install_from_env()
 

@@ -6,13 +6,25 @@ global ranks), ``call`` (written and flushed *before* the real call, so a rank t
 is killed or hangs still leaves it behind), ``ret`` (the call returned; for an async call a
 library issued from C++, when its work completed), ``err`` (it raised:
 not returned), ``source`` (a receive from any source completed: the sender's rank and the
-transfer's number on that channel, see :mod:`repro.collectives.p2p`) and ``check_fail`` (the live
-check raised; carries the report as JSON). The wait
-of an async op is a ``call`` of op ``wait`` (``of``: the index of the op it waits for).
+transfer's number on that channel) and ``check_fail`` (the live check raised; carries the report
+as JSON). The wait of an async op is a ``call`` of op ``wait`` (``of``: the index of the op it
+waits for).
+
+A point-to-point call carries its ops as ``pairs`` items ``[role, peer, seq, numel, dtype, op]``:
+every send-side op from rank S to rank D is numbered on the channel S->D, every receive-side op
+of D from S on the same channel, and the n-th send and the n-th receive of a channel are one
+transfer, as both backends pair them in posting order (tags aside) (:func:`channel`,
+:func:`item_record`; the numbering is
+:class:`repro.collectives.record.tracer.PairCounter`, the live pairing check
+:mod:`repro.collectives.check.pairs`, the pairing in the records
+:mod:`repro.collectives.analyze.findings`).
+
+The base of the trace tool, with :mod:`repro.collectives.callsite`: imports nothing of repro.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -69,14 +81,14 @@ class CallRecord:
     size_free: bool = False
     detail: list[Any] = field(default_factory=list)
     pairs: list[Any] = field(default_factory=list)
-    """Point-to-point ops: ``[role, peer, seq, numel, dtype, op]`` each (see :mod:`repro.collectives.p2p`)."""
+    """Point-to-point ops: ``[role, peer, seq, numel, dtype, op]`` each (see the module docstring)."""
     stack: list[str] = field(default_factory=list)
     """The user's frames outward from ``site`` (callers, down to the loop), innermost first."""
     of: int | None = None
     """For a ``wait``: the index of the async call it waits for."""
     issuer: str | None = None
     """For a call a library issued from C++ (no Python collective function ran): which mechanism
-    and the settings that shape it, e.g. DDP's unused-parameter bitmap (see :mod:`repro.collectives.native`)."""
+    and the settings that shape it, e.g. DDP's unused-parameter bitmap (see :mod:`repro.collectives.record.native`)."""
 
     @property
     def is_p2p(self) -> bool:
@@ -160,6 +172,22 @@ class RankTrace:
 
     def collectives(self, group: str) -> list[CallRecord]:
         return [c for c in self.calls if c.group == group and c.group_seq is not None]
+
+
+def channel(role: str, me: int, peer: int) -> tuple[int, int]:
+    """(source, destination) of a transfer."""
+    return (me, peer) if role == "send" else (peer, me)
+
+
+def is_any_source(item: list[Any]) -> bool:
+    """A ``pairs`` item of a receive from any source whose sender is not known yet."""
+    return item[0] == "recv" and item[1] is None
+
+
+def item_record(rec: CallRecord, item: list[Any]) -> CallRecord:
+    """The record of one op of a call (a batch holds several), for pairing and reports."""
+    role, peer, _seq, numel, dtype, op = item
+    return dataclasses.replace(rec, op=op, numel=numel, dtype=dtype, peer=peer, pairs=[item], detail=[])
 
 
 class TraceFileWriter:

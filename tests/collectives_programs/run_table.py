@@ -156,7 +156,7 @@ def run_one(program: str, mode: str, work: pathlib.Path) -> Row:
     clean = clean_code == 0 and "no divergence" in clean_text
     headline = ""
     if div is not None:
-        from repro.collectives.report import headline as make_headline
+        from repro.collectives.analyze.report import headline as make_headline
 
         headline = make_headline(div)
     return Row(program, mode, caught, seconds, sites, clean, headline)

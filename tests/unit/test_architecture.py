@@ -1,8 +1,13 @@
-"""The package's layers (written once, in ``repro/__init__.py``) hold for every import in it."""
+"""The package's layers (written once, in ``repro/__init__.py``) hold for every import in it.
+
+A subpackage with a layer table of its own in its docstring (``repro/collectives/__init__.py``)
+is layered the same way inside: its parts' imports point down its table too.
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 import re
 
@@ -13,10 +18,10 @@ import repro
 ROOT = pathlib.Path(repro.__file__).parent
 
 
-def layers() -> dict[str, int]:
-    """Top-level name -> layer, parsed from the table in the package docstring."""
+def layers(package: str = "repro") -> dict[str, int]:
+    """Name -> layer, parsed from the table in a package's docstring (empty when it has none)."""
     table: dict[str, int] = {}
-    for line in (repro.__doc__ or "").splitlines():
+    for line in (importlib.import_module(package).__doc__ or "").splitlines():
         m = re.match(r"^\s{4}(\d+)\s{2,}.+?\s{2,}([\w ]+)$", line)
         if m:
             for name in m.group(2).split():
@@ -50,22 +55,37 @@ def imports_of(path: pathlib.Path, source: str | None = None) -> set[str]:
     return {m for m in found if m in MODULES and m != mod}
 
 
-def owner(mod: str) -> str | None:
-    """The layered name a module belongs to (``repro.rl.metrics`` -> ``rl``); None for the root."""
-    parts = mod.split(".")
-    return parts[1] if len(parts) > 1 else None
+def owner(mod: str, root: str = "repro") -> str | None:
+    """The layered name under ``root`` a module belongs to (``repro.rl.metrics`` -> ``rl``).
+
+    None for ``root`` itself and for modules outside it.
+    """
+    if not mod.startswith(root + "."):
+        return None
+    return mod[len(root) + 1 :].split(".")[0]
 
 
 FILES = sorted(ROOT.rglob("*.py"))
 MODULES = {module_name(p) for p in FILES}
+# Every package whose docstring holds a layer table: repro itself, and the subpackages layered inside.
+TABLES = {
+    pkg: table
+    for pkg in sorted(module_name(p) for p in FILES if p.name == "__init__.py")
+    if (table := layers(pkg))
+}
 
 
-def test_every_top_level_module_and_subpackage_has_a_layer() -> None:
-    table = layers()
-    names = {owner(m) for m in MODULES} - {None}
-    assert table, "no layer table found in repro/__init__.py's docstring"
-    assert names - set(table) == set(), "give these a layer in repro/__init__.py"
-    assert set(table) - names == set(), "the layer table names what does not exist"
+def test_the_layered_packages_are_repro_and_the_trace_tool() -> None:
+    assert set(TABLES) == {"repro", "repro.collectives"}, "no layer table found in a package's docstring"
+
+
+@pytest.mark.parametrize("package", sorted(TABLES))
+def test_every_top_level_module_and_subpackage_has_a_layer(package: str) -> None:
+    table = TABLES[package]
+    names = {owner(m, package) for m in MODULES} - {None}
+    where = package.replace(".", "/") + "/__init__.py"
+    assert names - set(table) == set(), f"give these a layer in {where}"
+    assert set(table) - names == set(), f"the layer table of {where} names what does not exist"
 
 
 def test_at_most_ten_modules_directly_under_repro() -> None:
@@ -73,12 +93,13 @@ def test_at_most_ten_modules_directly_under_repro() -> None:
     assert len(top) <= 10, top
 
 
-def against_the_grain(mod: str, imported: set[str]) -> list[str]:
-    table = layers()
-    me = owner(mod)
+def against_the_grain(mod: str, imported: set[str], root: str = "repro") -> list[str]:
+    """Imports of ``mod`` that do not point down the layer table of ``root``."""
+    table = TABLES[root]
+    me = owner(mod, root)
     found = []
     for target in sorted(imported):
-        them = owner(target)
+        them = owner(target, root)
         if me is None or them is None or them == me:
             continue
         if table[them] >= table[me]:
@@ -107,7 +128,8 @@ def cycles(graph: dict[str, set[str]]) -> list[str]:
 
 @pytest.mark.parametrize("path", FILES, ids=lambda p: module_name(p))
 def test_imports_point_down_the_layers(path: pathlib.Path) -> None:
-    problems = against_the_grain(module_name(path), imports_of(path))
+    mod, imported = module_name(path), imports_of(path)
+    problems = [p for root in TABLES for p in against_the_grain(mod, imported, root)]
     assert not problems, "\n".join(problems)
 
 
@@ -130,6 +152,19 @@ def test_the_checks_catch_a_tie_against_the_grain_and_a_cycle() -> None:
     ]
     assert against_the_grain("repro.workers.engine", {"repro.config.fields"}) == []
     assert cycles({"a.x": {"a.y"}, "a.y": {"a.x"}}) == ["a.x -> a.y -> a.x"]
+
+
+def test_the_checks_catch_a_tie_against_the_grain_inside_the_trace_tool() -> None:
+    """Inside repro.collectives: analyze reaching up into record, and launch into its layer-mate record."""
+    path = ROOT / "collectives" / "analyze" / "align.py"
+    source = path.read_text() + "\n\ndef _late():\n    from repro.collectives.record.tracer import active  # noqa\n"
+    assert against_the_grain("repro.collectives.analyze.align", imports_of(path, source), "repro.collectives") == [
+        "repro.collectives.analyze.align (layer 1) imports repro.collectives.record.tracer (layer 3)"
+    ]
+    assert against_the_grain(
+        "repro.collectives.launch.launcher", {"repro.collectives.record.session"}, "repro.collectives"
+    ) == ["repro.collectives.launch.launcher (layer 3) imports repro.collectives.record.session (layer 3)"]
+    assert against_the_grain("repro.collectives.cli", {"repro.collectives.record.session"}, "repro.collectives") == []
 
 
 def test_the_docs_layer_table_is_the_packages_own():

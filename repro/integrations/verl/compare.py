@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from repro.collectives.launch import free_port
+from repro.collectives.launch.launcher import free_port
 
 CASES = {
     "fsdp2": {"backend": "fsdp2"},

@@ -55,7 +55,7 @@ def _functional_step(kind: str, rank: int, divergent: bool) -> list:
 def _functional_rank(
     rank: int, world_size: int, kind: str, check: str, divergent: bool, out_dir: str
 ) -> dict:
-    from repro.collectives.report import divergence_to_json
+    from repro.collectives.analyze.report import divergence_to_json
     from repro.collectives_trace import CollectiveMismatchError, trace_collectives
 
     try:

@@ -86,7 +86,7 @@ def _p2p_step(kind: str, rank: int) -> object:
 
 
 def _p2p_rank(rank: int, world_size: int, kind: str, check: str, out_dir: str) -> dict:
-    from repro.collectives.report import divergence_to_json
+    from repro.collectives.analyze.report import divergence_to_json
     from repro.collectives_trace import CollectiveMismatchError, trace_collectives
 
     start = time.monotonic()

@@ -48,7 +48,7 @@ def _check_rank(rank: int, world_size: int, kind: str, out_dir: str, timeout_s: 
     import torch
     import torch.distributed as dist
 
-    from repro.collectives.report import divergence_to_json
+    from repro.collectives.analyze.report import divergence_to_json
     from repro.collectives_trace import CollectiveMismatchError, trace_collectives
 
     start = None
@@ -124,7 +124,7 @@ def _subgroup_rank(rank: int, world_size: int, out_dir: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from repro.collectives.report import divergence_to_json
+    from repro.collectives.analyze.report import divergence_to_json
     from repro.collectives_trace import CollectiveMismatchError, trace_collectives
 
     sub = dist.new_group([1, 2])
@@ -295,7 +295,7 @@ def _tiny_qwen3_numel() -> int:
 def _zero2_rank(rank: int, world_size: int, skip: bool, check: str, out_dir: str, model_dir: str) -> dict:
     import time as _time
 
-    from repro.collectives.report import divergence_to_json
+    from repro.collectives.analyze.report import divergence_to_json
     from repro.collectives_trace import CollectiveMismatchError, trace_collectives
     from repro.scenarios.zero2_inactive_micro import run
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from repro.collectives.align import WINDOW, first_divergence
-from repro.collectives.report import headline
+from repro.collectives.analyze.align import WINDOW, first_divergence
+from repro.collectives.analyze.report import headline
 from tests.unit.collectives.helpers import trace
 
 AR4, BC4, AR1 = ("all_reduce", 4), ("broadcast", 4), ("all_reduce", 1)
@@ -77,7 +77,7 @@ def test_a_single_inserted_call_is_always_reported_as_extra_on_that_rank(prefix,
 
 
 def test_identical_calls_from_different_lines_are_noted_not_reported():
-    from repro.collectives.align import first_site_difference
+    from repro.collectives.analyze.align import first_site_difference
 
     traces = {
         0: trace(0, [AR4, ("broadcast", 4, "a.py:3 f")]),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from repro.collectives.report import format_divergence
+from repro.collectives.analyze.report import format_divergence
 from repro.collectives_trace import analyze
 
 RANKS = [0, 1, 2]

@@ -14,8 +14,8 @@ import json
 import pytest
 import torch.distributed as dist
 
-from repro.collectives.check import Checker, CheckMode
-from repro.collectives.record import Tracer
+from repro.collectives.check.checker import Checker, CheckMode
+from repro.collectives.record.tracer import Tracer
 from tests.unit.collectives.helpers import call
 
 

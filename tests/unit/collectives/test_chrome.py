@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from repro.collectives.align import first_divergence
-from repro.collectives.chrome import to_chrome_trace, write_chrome_trace
+from repro.collectives.analyze.align import first_divergence
+from repro.collectives.analyze.formats import to_chrome_trace, write_chrome_trace
 from tests.unit.collectives.helpers import trace
 
 

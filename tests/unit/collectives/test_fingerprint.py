@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from repro.collectives.check import CheckMode
+from repro.collectives.check.checker import CheckMode
 from tests.unit.collectives.helpers import call
 
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from repro.collectives.analyze.findings import incomplete
+from repro.collectives.analyze.report import format_divergence
 from repro.collectives.events import RankTrace
-from repro.collectives.incomplete import incomplete
-from repro.collectives.report import format_divergence
 from tests.unit.collectives.helpers import call, trace
 
 

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from repro.collectives.launch import Target, rank_command
-from repro.collectives.session import stop
-from repro.collectives_trace import build_parser, main
+from repro.collectives.cli import build_parser, main
+from repro.collectives.launch.launcher import Target, rank_command
+from repro.collectives.record.session import stop
 
 SCENARIO = "repro.scenarios.zero2_inactive_micro"
 

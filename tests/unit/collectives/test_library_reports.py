@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from repro.collectives.align import Divergence, parted
+from repro.collectives.analyze.align import Divergence, parted
+from repro.collectives.analyze.report import cause, format_divergence
 from repro.collectives.events import RankTrace
-from repro.collectives.launch import exception_line, own_exception, raised_report
-from repro.collectives.report import cause, format_divergence
+from repro.collectives.launch.launcher import exception_line, own_exception, raised_report
 from tests.unit.collectives.helpers import call
 
 _DDP = "DDP reducer: {what} (find_unused_parameters={fu}, static_graph=False, bucket_cap_mb=25; DDP built at train.py:12 <module>)"
@@ -55,6 +55,10 @@ def test_where_the_paths_parted_is_the_first_same_call_from_different_stacks():
 def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_one(tmp_path):
     (tmp_path / "rank1.log").write_text(
         "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/r/repro/collectives_trace.py", line 45, in <module>\n'
+        "[rank1]:     sys.exit(main())\n"
+        '[rank1]:   File "/r/repro/collectives/cli.py", line 190, in _cmd_run\n'
+        '[rank1]:     runpy.run_path(target.name, run_name="__main__")\n'
         '[rank1]:   File "<frozen runpy>", line 88, in _run_code\n'
         '[rank1]:   File "job.py", line 4, in <module>\n'
         "[rank1]:     load()\n"
@@ -65,10 +69,12 @@ def test_a_ranks_own_traceback_is_found_and_a_mismatch_report_is_not_taken_for_o
     (tmp_path / "rank0.log").write_text(
         "Traceback (most recent call last):\n"
         '  File "job.py", line 6, in <module>\n'
-        "repro.collectives.check.CollectiveMismatchError: Collective mismatch on group 0\n"
+        "repro.collectives.check.checker.CollectiveMismatchError: Collective mismatch on group 0\n"
     )
     tb = own_exception(tmp_path, 1)
     assert tb is not None and "frozen runpy" not in tb and "Current thread" not in tb
+    assert "collectives_trace.py" not in tb and "cli.py" not in tb and "runpy.run_path" not in tb
+    assert 'File "job.py", line 4' in tb
     assert exception_line(tb) == "ValueError: batch 1 has no rows"
     assert own_exception(tmp_path, 0) is None
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives.ops import OP_SPECS, torch_collective_names
+from repro.collectives.record.ops import OP_SPECS, torch_collective_names
 
 # Names that appeared after torch 2.6, the oldest torch the project claims.
 NEWER_THAN_2_6 = ("all_gather_single", "reduce_scatter_single")

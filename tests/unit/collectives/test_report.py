@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from repro.collectives.align import first_divergence
-from repro.collectives.report import divergence_from_json, divergence_to_json, format_divergence
+from repro.collectives.analyze.align import first_divergence
+from repro.collectives.analyze.report import divergence_from_json, divergence_to_json, format_divergence
 from tests.unit.collectives.helpers import call, trace
 
 
@@ -38,7 +38,7 @@ def test_json_report_round_trips():
 def test_crossed_groups_headline_names_both_groups():
     a = call(0, 1, numel=1, group="0")
     b = call(1, 15, numel=64, group="1")
-    from repro.collectives.align import Divergence
+    from repro.collectives.analyze.align import Divergence
 
     d = Divergence(
         kind="mismatch",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from repro.collectives.analyze.findings import split_mismatch
 from repro.collectives.events import CallRecord
-from repro.collectives.splits import split_mismatch
 
 
 def _a2a(rank: int, send: list[int], recv: list[int]) -> CallRecord:

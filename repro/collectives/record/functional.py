@@ -14,15 +14,13 @@ Code compiled by ``torch.compile`` (backends eager, aot_eager and inductor) call
 overloads (``torch.ops._c10d_functional.all_reduce.default``, inductor's in-place
 ``all_reduce_``) from its graph, not through the namespace. Those ops have no autograd kernel of
 their own, so a Python kernel registered for them at the Autograd dispatch keys (as
-:mod:`repro.collectives.native` does for ``c10d``) runs before torch's and records the same way;
+:mod:`repro.collectives.record.native` does for ``c10d``) runs before torch's and records the same way;
 the call site is the user's line, read from the graph node's ``stack_trace`` by
 :mod:`repro.collectives.callsite` (inductor's generated code has none: its calls show the
 compiled function's ``def`` line). While compiling, torch runs the same ops on fake or functional
 tensors under its tracing modes: those calls pass through unrecorded, and the namespace wrapper
 gives Dynamo torch's op, so the graph holds no tracer code. The ``_c10d_functional_autograd``
 ops (with autograd kernels of their own) are seen only eagerly.
-
-Imports torch and :mod:`repro.collectives` modules only.
 """
 
 from __future__ import annotations
@@ -32,8 +30,9 @@ from typing import Any
 import torch
 import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives.active import active, inside
 from repro.collectives.events import CallRecord
+from repro.collectives.record.patches import traced_wait
+from repro.collectives.record.tracer import active, inside
 
 NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd")
 _groups: dict[str, Any] = {}
@@ -115,8 +114,6 @@ def _traced_call(tracer: Any, op: str, packet: Any, args: tuple) -> Any:
         entry = _pending.pop(id(args[0]), None)
         if entry is None:
             return packet(*args)
-        from repro.collectives.work import traced_wait
-
         return traced_wait(entry[0], tracer, packet, args, {})
     call = _as_c10d(op, args)
     rec = tracer.before(call[0], call[1], {**call[2], "async_op": True}) if call else None

@@ -7,7 +7,7 @@ variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_P
 rank fails, the others get ``grace_s`` to fail too (check mode raises on every rank) and are then
 killed (a rank stuck in a real collective would wait for the whole process-group timeout).
 
-The launcher also turns a hang into a report (see :mod:`repro.collectives.watch`): when no live
+The launcher also turns a hang into a report (see :mod:`repro.collectives.launch.stall`): when no live
 rank's record grew for ``stall_s`` while a traced call is outstanding, every rank dumps its Python
 stacks (faulthandler on ``SIGUSR1``, into its log) and is killed. SIGTERM and Ctrl-C to the
 launcher end every rank the same way, and the caller still analyses what was recorded.
@@ -26,8 +26,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from repro.collectives.live_fr import request_dumps
-from repro.collectives.watch import STACK_SIGNAL, ProgressWatch
+from repro.collectives.launch.stall import STACK_SIGNAL, ProgressWatch, request_dumps
 
 _STACK_DUMP_WAIT_S = 1.5
 
@@ -239,6 +238,8 @@ def log_tail(out_dir: pathlib.Path, rank: int, lines: int = 25) -> str:
 _TRACEBACK = "Traceback (most recent call last):"
 _PREFIX = re.compile(r"^\[rank\d+\]: ", re.MULTILINE)  # torch's per-rank prefix on stderr lines
 _NOT_TRACEBACK = ("Current thread 0x", "Thread 0x", "Fatal Python error")
+# The entry point and the command line that ``run`` goes through (repro/collectives/cli.py).
+_TOOL_FRAME = re.compile(r'collectives_trace\.py"|[/\\]collectives[/\\]cli\.py"')
 
 
 def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | None:
@@ -266,7 +267,7 @@ def own_exception(out_dir: pathlib.Path, rank: int, lines: int = 40) -> str | No
     skipping = False
     for line in block:
         if line.startswith("  File "):
-            skipping = "<frozen runpy>" in line or "collectives_trace.py" in line
+            skipping = "<frozen runpy>" in line or bool(_TOOL_FRAME.search(line))
         elif not line.startswith(" "):
             skipping = False
         if not skipping:

@@ -9,11 +9,20 @@ their own, so nothing of torch's is replaced) runs before the backend's kernel, 
 calling thread's Python stack - for DDP, the user's ``loss.backward()`` line and the loop around
 it. It records and checks the call exactly as the Python wrappers do, then redispatches below
 Autograd to the real kernel. A call that a Python wrapper already traces reaches this kernel with
-:data:`repro.collectives.active.inside` set and passes straight through.
+:data:`repro.collectives.record.tracer.inside` set and passes straight through.
 
 Async calls (the reducer's buckets are) get their ``ret`` when their work completes, not when
 they were posted, so a rank stuck waiting on one shows it outstanding to the hang watch.
 Point-to-point ops from C++ are not traced here (their pairing needs the Python path's numbering).
+
+**Which library mechanism issued it** (:func:`issuer_of`), and the rank-local settings that shape
+it. DDP's reducer issues a recognizable sequence: one all_reduce per gradient bucket (the
+parameters' dtype) in ``backward()`` and, with ``find_unused_parameters=True``, one more of an
+int32 bitmap with one element per parameter; in the first forward after the first backward it
+broadcasts the rebuilt bucket order (int32). Each ``DistributedDataParallel`` built while tracing
+is remembered with its settings and the user line that built it, so a record can say "DDP's
+unused-parameter bitmap (find_unused_parameters=True, DDP built at train.py:14)" and a report can
+name a setting that differs between ranks as the cause (:func:`repro.collectives.analyze.report.cause`).
 """
 
 from __future__ import annotations
@@ -21,15 +30,17 @@ from __future__ import annotations
 import functools
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from repro.collectives import issuers
-from repro.collectives.active import active, inside
-from repro.collectives.groups import dtype_name
+from repro.collectives.callsite import current_sites
+from repro.collectives.check.checker import CollectiveMismatchError
+from repro.collectives.record.ops import dtype_name
+from repro.collectives.record.tracer import active, inside
 
 # c10d operator -> (our op name, index of the tensor(s) counted, index of the group,
 #                   index of the root (a group rank) or None, whether sizes may differ by rank)
@@ -105,11 +116,9 @@ def _kernel(name: str, packet: Any) -> Callable:
                 dtype_name(tensors[0].dtype) if tensors and op not in ("barrier", "monitored_barrier") else "",
                 None if root_at is None else int(args[root_at]),
                 size_free,
-                issuers.describe,
+                issuer_of,
             )
         except Exception as exc:
-            from repro.collectives.check import CollectiveMismatchError
-
             if isinstance(exc, CollectiveMismatchError):
                 raise
             if not getattr(tracer, "_warned", False):  # a tracer bug must not break the program
@@ -144,7 +153,7 @@ def install() -> None:
     global _library
     if _library is not None:
         return
-    issuers.install()
+    _remember_ddps()
     try:
         lib = torch.library.Library("c10d", "IMPL")
     except Exception:
@@ -168,4 +177,85 @@ def uninstall() -> None:
     if _library is not None:
         _library._destroy()
         _library = None
-    issuers.uninstall()
+    _forget_ddps()
+
+
+# -- which mechanism issued it ------------------------------------------------------------------
+
+_ddps: list[tuple[weakref.ref, dict[str, Any]]] = []
+_original_init: Any = None
+
+
+def _ddp_class() -> Any:
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return None
+    return DistributedDataParallel
+
+
+def _remember_ddps() -> None:
+    """Remember every DDP built from now on (its class's ``__init__`` wrapped once)."""
+    global _original_init
+    cls = _ddp_class()
+    if cls is None or _original_init is not None:
+        return
+    _original_init = original = cls.__init__
+
+    @functools.wraps(original)
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        try:
+            settings = {
+                "find_unused_parameters": bool(getattr(self, "find_unused_parameters", False)),
+                "static_graph": bool(getattr(self, "static_graph", False)),
+                "bucket_cap_mb": round(getattr(self, "bucket_bytes_cap", 0) / 2**20, 2),
+                "params": sum(1 for p in self.module.parameters() if p.requires_grad),
+                "built_at": current_sites()[0],
+            }
+            _ddps.append((weakref.ref(self), settings))
+        except Exception:  # describing is best effort; the job must not notice
+            pass
+
+    cls.__init__ = init
+
+
+def _forget_ddps() -> None:
+    global _original_init
+    cls = _ddp_class()
+    if cls is not None and _original_init is not None:
+        cls.__init__ = _original_init
+    _original_init = None
+    _ddps.clear()
+
+
+def _live_ddps() -> list[dict[str, Any]]:
+    return [s for ref, s in _ddps if ref() is not None]
+
+
+def _settings_text(s: dict[str, Any]) -> str:
+    return (
+        f"find_unused_parameters={s['find_unused_parameters']}, static_graph={s['static_graph']}, "
+        f"bucket_cap_mb={s['bucket_cap_mb']:g}; DDP built at {s['built_at']}"
+    )
+
+
+def issuer_of(rec: Any) -> str | None:
+    """The mechanism behind a call issued from C++ (``rec`` is its CallRecord), or None."""
+    lib = rec.lib_site or ""
+    ddps = _live_ddps()
+    if ddps and ("torch/autograd/" in lib or "nn/parallel/distributed.py" in lib):
+        if rec.op == "all_reduce" and rec.dtype == "int32":
+            bitmap = [s for s in ddps if s["find_unused_parameters"] and s["params"] == rec.numel]
+            if bitmap:
+                return f"DDP reducer: unused-parameter bitmap, one int per parameter ({_settings_text(bitmap[-1])})"
+        if rec.op == "all_reduce" and "torch/autograd/" in lib:
+            return f"DDP reducer: gradient bucket in backward ({_settings_text(ddps[-1])})"
+        if rec.op == "broadcast" and rec.dtype == "int32" and "_pre_forward" in lib:
+            return (
+                "DDP: broadcast of the rebuilt bucket order, first forward after the first backward "
+                f"({_settings_text(ddps[-1])})"
+            )
+        if "nn/parallel/distributed.py" in lib:
+            return f"DDP, in {lib.rsplit(' ', 1)[-1]} ({_settings_text(ddps[-1])})"
+    return f"issued from C++ below {lib}" if lib else "issued from C++"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from repro.collectives.align import Divergence
+from repro.collectives.analyze.align import Divergence
 from repro.collectives.events import CallRecord
 
 _WORDS = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}

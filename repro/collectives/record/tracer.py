@@ -1,47 +1,159 @@
-"""Record mode: wrap torch.distributed's collective and point-to-point functions.
+"""The tracer: one process's record - its file, the numbering of its calls, what each call is.
 
-Each wrapped call writes a ``call`` event (and runs the live check, when on) before the real call
-and a ``ret`` event after it returns. Wrappers are installed on ``torch.distributed`` and
-``torch.distributed.distributed_c10d`` (torch's own helpers such as ``all_gather_object`` call
-through the latter), and on DeepSpeed's backend object, which caches the all-gather and
-reduce-scatter functions it found at start-up. Everything DeepSpeed's ``deepspeed.comm`` does
-ends in these functions, so it is covered once, without double records. A call made while
-another traced call is running on the same thread (the ``broadcast`` inside
-``broadcast_object_list``) is not recorded again.
+:class:`Tracer` opens ``rank{R}.jsonl``, describes a call about to run (op, group, sizes, root,
+reduce op, call sites; group sequence numbers per process group and point-to-point numbers per
+channel, :class:`PairCounter`), writes its ``call`` event before it runs and its ``ret`` after,
+and hands it to the live check when one is on (the session's ``Checker``). The returns of async
+calls a library issued from C++ are written once they are seen complete (:class:`PendingReturns`).
 
-Functional collectives and DTensor are traced by :mod:`repro.collectives.functional`, the waits
-of async calls by :mod:`repro.collectives.work`, what C++ issues (DDP's reducer, ``ProcessGroup``
-methods called directly, and code that bound a function by ``from torch.distributed import
-all_reduce`` before install) by :mod:`repro.collectives.native` at the dispatcher.
+:func:`active` is the tracer recording in this process, asked on every call by the interception
+points (:mod:`repro.collectives.record.patches` for torch.distributed's Python functions,
+:mod:`~repro.collectives.record.functional`, :mod:`~repro.collectives.record.native`), which this
+module does not import. The per-thread ``inside`` flag stops a call from being recorded twice: a
+``torch.distributed`` function (or functional op) that the tracer wrapped reaches the same C++
+ProcessGroup op that :mod:`repro.collectives.record.native` traces for callers in C++ (DDP's
+reducer), and the object collectives call other wrapped functions.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
-from repro.collectives import functional, native
-from repro.collectives.active import active, inside, set_active
 from repro.collectives.callsite import sites_and_stack
-from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter
-from repro.collectives.groups import GroupInfo, dtype_name, p2p_peer
-from repro.collectives.ops import DEEPSPEED_CACHED, LIST, OP_SPECS, P2P_LIST, PEER_OPS, TENSOR
-from repro.collectives.p2p import BLOCKING, ROLE, PairCounter, learn_source
-from repro.collectives.pending import PendingReturns
-from repro.collectives.splits import split_numels
+from repro.collectives.events import SIZE_FREE_OPS, CallRecord, TraceFileWriter, channel
+from repro.collectives.record.ops import (
+    BLOCKING,
+    LIST,
+    OP_SPECS,
+    P2P_LIST,
+    PEER_OPS,
+    ROLE,
+    TENSOR,
+    GroupInfo,
+    dtype_name,
+    p2p_peer,
+    split_numels,
+)
 
-_installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original)
+_tracer: Any = None
+inside = threading.local()
+"""``inside.depth`` is 1 on a thread while a traced call runs there (absent: 0)."""
+
+
+def active() -> Any:
+    """The :class:`Tracer` now recording in this process, if any."""
+    return _tracer
+
+
+def set_active(tracer: Any) -> None:
+    global _tracer
+    _tracer = tracer
+
+
+class PairCounter:
+    """Per-channel numbering of one rank's point-to-point ops."""
+
+    def __init__(self) -> None:
+        self._posted: dict[tuple[str, int, int], int] = {}
+
+    def number(self, role: str, me: int, peer: int | None) -> int | None:
+        if peer is None:
+            return None
+        key = (role, *channel(role, me, peer))
+        self._posted[key] = n = self._posted.get(key, 0) + 1
+        return n
+
+    def posted(self, role: str, src: int, dst: int) -> int:
+        return self._posted.get((role, src, dst), 0)
+
+
+POLL_S = 0.2  # how often the daemon thread of PendingReturns asks the works
+
+
+class PendingReturns:
+    """Posted async works of one tracer whose ``ret`` is not written yet.
+
+    Returns of async calls a library issued from C++ (DDP's buckets) are written once seen complete.
+
+    A Python callback on the work's future would run on the backend's worker thread, which must then
+    take the GIL from the training thread: the worker stalls before it starts the next bucket. In the
+    profile of a traced DDP step on 2 gloo ranks this handoff cost more than everything else the
+    tracer does per call (a 1-element all_reduce from the dispatcher: 228 us traced with the callback,
+    95 us without, 12 us untraced). Instead the tracer keeps the posted works and asks each whether it
+    completed (a C++ call that needs no other thread) at its next traced call, and a daemon thread asks
+    every :data:`POLL_S` seconds, so that a rank that goes quiet after its last bucket does not look
+    stuck in it to the hang watch (:mod:`repro.collectives.launch.stall`, which waits seconds, not
+    milliseconds). A ``ret`` thus carries the time it was seen, at most :data:`POLL_S` late.
+    """
+
+    def __init__(self, tracer: Any) -> None:
+        self._tracer = tracer
+        self._works: list[tuple[int, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, index: int, work: Any) -> None:
+        """Call with the tracer's lock held."""
+        self._works.append((index, work))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="repro-collectives-returns", daemon=True)
+            self._thread.start()
+
+    def flush(self) -> None:
+        """Write the ``ret`` of every work that completed since the last look (the tracer's lock held)."""
+        if not self._works:
+            return
+        waiting, done = [], []
+        for item in self._works:
+            try:
+                finished = item[1].is_completed()
+            except Exception:  # a work that cannot say counts as returned, as a backend without futures did
+                finished = True
+            (done if finished else waiting).append(item)
+        if done:
+            self._works = waiting
+            t = repr(time.time())
+            self._tracer.write_lines([f'{{"ev":"ret","index":{index},"t":{t}}}' for index, _ in done])
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            with self._tracer._lock:
+                if self._tracer._writer is not None:
+                    self.flush()
+
+    def settle(self, timeout_s: float = 0.5) -> None:
+        """Write the returns of the works still pending, waiting up to ``timeout_s`` for them.
+
+        For the end of a traced script: a library may go on once a work's future is done while
+        the work itself reports completion a moment later, and the poller would not see it before
+        the process exits (a ``ret`` missing from a clean run reads as a call that never returned).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._tracer._lock:
+                if self._tracer._writer is not None:
+                    self.flush()
+                if not self._works:
+                    return
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
+
+    def close(self) -> None:
+        """Stop the poller and write the returns of what completes within half a second (lock not held)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * POLL_S)
+        self.settle()
 
 
 class Tracer:
@@ -201,7 +313,7 @@ class Tracer:
     def before_native(
         self, op: str, group: Any, numel: int, dtype: str, root: int | None, size_free: bool, issuer: Any
     ) -> CallRecord | None:
-        """A collective a library issued from C++ (:mod:`repro.collectives.native`): record, then check.
+        """A collective a library issued from C++ (:mod:`repro.collectives.record.native`): record, then check.
 
         ``root`` is a group rank, as the ProcessGroup op takes it; ``issuer(rec)`` names the
         mechanism (DDP's bucket, its unused-parameter bitmap) once the call is described.
@@ -263,137 +375,3 @@ class Tracer:
     def after(self, rec: CallRecord) -> None:
         # Formatted by hand: json.dumps of this fixed shape was a tenth of the per-call cost.
         self._writer.write_line(f'{{"ev":"ret","index":{rec.index},"t":{time.time()!r}}}')
-
-
-def wrap_work(result: Any, rec: CallRecord, tracer: Tracer) -> Any:
-    """An async call's Work (or batch_isend_irecv's list of them) with its ``wait`` traced."""
-    from repro.collectives.work import TracedWork
-
-    if isinstance(result, list):
-        return [TracedWork(w, rec, tracer) for w in result]
-    return TracedWork(result, rec, tracer)
-
-
-def _make_wrapper(op: str, original: Callable) -> Callable:
-    @functools.wraps(original)
-    def traced(*args: Any, **kwargs: Any) -> Any:
-        tracer = active()
-        if tracer is None or getattr(inside, "depth", 0):
-            return original(*args, **kwargs)
-        try:
-            rec = tracer.before(op, args, kwargs)
-        except Exception as exc:
-            from repro.collectives.check import CollectiveMismatchError
-
-            if isinstance(exc, CollectiveMismatchError):
-                raise
-            # A tracer bug must not break the traced program: note it once and carry on.
-            if not getattr(tracer, "_warned", False):
-                tracer._warned = True
-                print(f"repro.collectives_trace: could not record {op}: {exc!r}", file=sys.stderr)
-            rec = None
-        inside.depth = 1
-        try:
-            # Below Autograd the ProcessGroup op goes straight to its backend: the native kernel
-            # (repro.collectives.native, for callers in C++) is not entered, since this call is
-            # recorded already; entering Python from the dispatcher costs more than a small gloo call.
-            with torch._C._AutoDispatchBelowAutograd():
-                result = original(*args, **kwargs)
-        except BaseException as exc:
-            # A call that raised did not complete: it must not read as returned in a hang report.
-            if rec is not None:
-                tracer.write_event(
-                    {"ev": "err", "index": rec.index, "t": time.time(), "error": repr(exc)[:200]}
-                )
-            raise
-        finally:
-            inside.depth = 0
-        if rec is not None:
-            tracer.after(rec)
-            if rec.async_op and result is not None:
-                return wrap_work(result, rec, tracer)
-            if type(result) is int:  # recv returns its sender: learn_source takes it for src=None only
-                learn_source(tracer, rec, result)
-        return result
-
-    traced.__repro_traced__ = original  # type: ignore[attr-defined]
-    return traced
-
-
-class _P2PWrapper:
-    """isend/irecv wrapper that compares equal to the original (``P2POp`` checks ``op in [isend, irecv]``)."""
-
-    def __init__(self, op: str, original: Callable) -> None:
-        self._call = _make_wrapper(op, original)
-        self.__repro_traced__ = original
-        functools.update_wrapper(self, original)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(*args, **kwargs)
-
-    def __eq__(self, other: object) -> bool:
-        return other is self or other is self.__repro_traced__
-
-    def __hash__(self) -> int:
-        return hash(self.__repro_traced__)
-
-
-def _wrapper_for(op: str, original: Callable) -> Callable:
-    return _P2PWrapper(op, original) if op in ("isend", "irecv") else _make_wrapper(op, original)
-
-
-def _patch(owner: Any, attr: str, op: str, wrappers: dict[int, Callable]) -> None:
-    original = getattr(owner, attr, None)
-    if original is None or hasattr(original, "__repro_traced__"):
-        return
-    wrapper = wrappers.get(id(original))
-    if wrapper is None:
-        wrapper = wrappers[id(original)] = _wrapper_for(op, original)
-    setattr(owner, attr, wrapper)
-    _installed.append((owner, attr, original))
-
-
-def patch_deepspeed_backend() -> None:
-    """Wrap the functions DeepSpeed's backend cached at start-up (call again after deepspeed.init_distributed)."""
-    ds_comm = sys.modules.get("deepspeed.comm.comm")
-    cdb = getattr(ds_comm, "cdb", None) if ds_comm else None
-    if cdb is None:
-        return
-    for attr in DEEPSPEED_CACHED:
-        fn = getattr(cdb, attr, None)
-        if fn is None or hasattr(fn, "__repro_traced__"):
-            continue
-        op = getattr(fn, "__name__", "")
-        if op in OP_SPECS:
-            setattr(cdb, attr, _wrapper_for(op, fn))
-            _installed.append((cdb, attr, fn))
-
-
-def install(tracer: Tracer) -> None:
-    """Make ``tracer`` the active one and wrap the torch.distributed functions (idempotent)."""
-    current = active()
-    if current is not None and current is not tracer:
-        raise RuntimeError("another collective trace is already active in this process")
-    if not _installed:
-        wrappers: dict[int, Callable] = {}
-        for op in OP_SPECS:
-            for owner in (c10d, dist):
-                _patch(owner, op, op, wrappers)
-        functional.install(_installed)
-    native.install()
-    patch_deepspeed_backend()
-    set_active(tracer)
-
-
-def uninstall() -> None:
-    """Stop tracing and put every original function back."""
-    current = active()
-    if current is not None:
-        current.close()
-    set_active(None)
-    functional.clear()
-    native.uninstall()
-    while _installed:
-        owner, attr, original = _installed.pop()
-        if hasattr(getattr(owner, attr, None), "__repro_traced__"):
-            setattr(owner, attr, original)

@@ -27,7 +27,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from repro.collectives.align import Divergence
+from repro.collectives.analyze.align import Divergence
+from repro.collectives.analyze.findings import pair_divergence, split_mismatch
+from repro.collectives.analyze.report import divergence_to_json, format_divergence
+from repro.collectives.check.pairs import PairChecker, blocked_on
 from repro.collectives.events import CallRecord
 
 CHECK_CHOICES = "off, every, sample:N (N >= 1)"
@@ -75,8 +78,6 @@ class CollectiveMismatchError(RuntimeError):
     """
 
     def __init__(self, divergence: Divergence) -> None:
-        from repro.collectives.report import format_divergence
-
         self.divergence = divergence
         self.report = format_divergence(divergence)
         super().__init__(self.report)
@@ -101,8 +102,6 @@ class Checker:
         self.prefix = f"repro_ct/{session}"
         self._store: Any = None
         self._parted: dict[str, dict] = {}  # group -> where the ranks' stacks first differed
-        from repro.collectives.p2p import PairChecker
-
         self.pairs = PairChecker(self)
 
     def store(self) -> Any:
@@ -178,8 +177,6 @@ class Checker:
                     "call": ref.short(),
                     "stacks": {ref.rank: ref.stack, other.rank: other.stack},
                 }
-        from repro.collectives.splits import split_mismatch
-
         div = split_mismatch(calls, f"check ({self.mode.text}) on rank {rec.rank}")
         if div is not None:
             div.before = [(c, None) for c in previous]
@@ -242,8 +239,6 @@ class Checker:
         The peer cannot have passed that call (it needs this rank's key for it), and this rank
         cannot reach it while it waits here, so the wait is a certain deadlock.
         """
-        from repro.collectives.p2p import blocked_on, pair_divergence
-
         for r, key in missing.items():
             theirs = self.peer_last(r)
             if theirs is None or (theirs.group, theirs.group_seq) == (rec.group, rec.group_seq):
@@ -292,8 +287,6 @@ class Checker:
         )
 
     def fail(self, div: Divergence, tracer: Any) -> None:
-        from repro.collectives.report import divergence_to_json
-
         if div.parted is None:
             div.parted = self._parted.get(div.group)
         tracer.write_event({"ev": "check_fail", "report": divergence_to_json(div)})

@@ -3,10 +3,20 @@
 :data:`OP_SPECS` names every collective and point-to-point entry point of
 ``torch.distributed.distributed_c10d``; :func:`torch_collective_names` derives the same list from
 torch itself (its public functions that take a ``group``), so a test notices when a torch release
-adds one that is not covered.
+adds one that is not covered. What a record reads off the arguments: the process group as the
+records name it (:class:`GroupInfo`: a key, the group's name, and its global ranks), dtype
+names, a point-to-point op's role (:data:`ROLE`) and peer, and an all-to-all's split sizes
+(:func:`split_numels`: what this rank sends to and expects from each group rank, compared
+pairwise by :func:`repro.collectives.analyze.findings.split_mismatch`).
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 # op -> (parameter names in order, tensor parameter, how to count it, root/peer param, group-rank param, reduce-op param)
 TENSOR, LIST, OBJECT, P2P_LIST = "tensor", "list", "object", "p2p_list"
@@ -208,8 +218,6 @@ def torch_collective_names() -> set[str]:
     import inspect
     import warnings
 
-    import torch.distributed.distributed_c10d as c10d
-
     names = {"batch_isend_irecv"}
     for name in c10d.__all__:
         with warnings.catch_warnings():  # reading the deprecated ``reduce_op`` alias warns
@@ -224,3 +232,68 @@ def torch_collective_names() -> set[str]:
         if "group" in params:
             names.add(name)
     return names
+
+
+# -- what a record reads off the arguments ----------------------------------------------------
+
+# A point-to-point op's side of a transfer; the ops that block until it ran.
+ROLE = {
+    "send": "send",
+    "isend": "send",
+    "send_object_list": "send",
+    "recv": "recv",
+    "irecv": "recv",
+    "recv_object_list": "recv",
+}
+BLOCKING = frozenset({"send", "recv", "send_object_list", "recv_object_list", "batch_isend_irecv"})
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class GroupInfo:
+    """A process group as the records name it: a key (the group's name) and its global ranks."""
+
+    __slots__ = ("key", "ranks", "member", "obj")
+
+    def __init__(self, group: Any) -> None:
+        self.obj = group  # keep it alive so its id() is not reused while cached
+        self.member = not c10d._rank_not_in_group(group)
+        if self.member:
+            pg = group if group is not None else c10d._get_default_group()
+            self.key = str(pg.group_name)
+            self.ranks = tuple(dist.get_process_group_ranks(pg))
+        else:
+            self.key, self.ranks = "", ()
+
+
+def p2p_peer(op: Any, info: GroupInfo) -> int | None:
+    """A P2POp's global peer (it may name it by group rank only)."""
+    if op.peer is not None:
+        return op.peer
+    group_peer = getattr(op, "group_peer", None)
+    return info.ranks[group_peer] if group_peer is not None else None
+
+
+def _rows(tensor: Any, splits: list[int] | None, n: int) -> list[int]:
+    if tensor.dim() == 0:
+        return [tensor.numel()] * n
+    per_row = tensor.numel() // max(tensor.shape[0], 1)
+    sizes = list(splits) if splits else [tensor.shape[0] // n] * n
+    return [int(s) * per_row for s in sizes]
+
+
+def split_numels(op: str, params: dict[str, Any], n: int) -> list[Any]:
+    """``["splits", send, recv]``: elements this rank sends to / receives from each group rank."""
+    if op == "all_to_all":
+        outs, ins = params.get("output_tensor_list") or [], params.get("input_tensor_list") or []
+        return ["splits", [t.numel() for t in ins], [t.numel() for t in outs]]
+    out, inp = params.get("output"), params.get("input")
+    if out is None or inp is None:
+        return []
+    return [
+        "splits",
+        _rows(inp, params.get("input_split_sizes"), n),
+        _rows(out, params.get("output_split_sizes"), n),
+    ]
