@@ -22,7 +22,7 @@ import torch
 
 from repro.config import RunConfig
 from repro.rl.metrics import MetricsLog
-from tests.distributed.cluster.test_worker_group import RankProbe
+from tests.distributed.cluster.probes import RankProbe
 from tests.distributed.test_trainer import DETERMINISTIC, ROOT, SMALL, _env, _wait_for_checkpoint
 
 
