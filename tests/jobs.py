@@ -20,6 +20,7 @@ checked with :func:`check_outputs`. Rank-level tests (a function on N ranks, no 
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -204,3 +205,37 @@ def assert_same_metrics(a: list[dict], b: list[dict], names: tuple[str, str] = (
     for ra, rb in zip(a, b, strict=True):
         for key in DETERMINISTIC:
             assert ra[key] == rb[key], f"step {ra['step']} {key}: {names[0]} {ra[key]} vs {names[1]} {rb[key]}"
+
+
+class Gate:
+    """A GPU gate case's record: named checks with their measured values, written to ``gate.json``
+    (device, date, command, summary, checks) before they are asserted, so that a failed case
+    still leaves its numbers for ``results/gpu_gate/``."""
+
+    def __init__(self, case: str, out: Path, cmd: list[str]) -> None:
+        self.case, self.out, self.cmd = case, out, cmd
+        self.checks: list[dict] = []
+
+    def check(self, name: str, ok: bool, measured: object, limit: object) -> None:
+        self.checks.append({"check": name, "ok": bool(ok), "measured": measured, "limit": limit})
+
+    def finish(self, summary: dict, extra: dict | None = None) -> None:
+        record = {
+            "case": self.case,
+            "device": _device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            # The runner's source is this module's, not the case's: the record shows its overrides.
+            "command": " ".join(self.cmd[:2] + ["<runner>"] + self.cmd[3:]),
+            "summary": summary,
+            "checks": self.checks,
+            **(extra or {}),
+        }
+        (self.out / "gate.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+        failed = [c for c in self.checks if not c["ok"]]
+        assert not failed, f"{self.case}: failed checks {failed} (record in {self.out / 'gate.json'})"
+
+
+def _device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
