@@ -9,8 +9,9 @@ Every job-level test starts its jobs and reads their outputs through this module
 
 A job is the trainer as a user runs it, in a process of its own: either the CLI
 (:func:`cli_command`: ``python -m repro.main_ppo -cn <preset> ...``, for what the CLI itself does:
-exit codes, signals, resume) or :data:`RUNNER` (:func:`runner_command`: the same ``load_config`` +
-``run`` without the CLI's pre-flight and signal handling, for what the run produces). Its
+pre-flight, exit codes and one-line errors, signals, resume) or :data:`RUNNER`
+(:func:`runner_command`: the CLI's ``load_config`` + ``repro.trainer.run`` alone, for what the run
+produces; an exception is a traceback and exit 1). Its
 environment comes from :func:`job_env`, it runs through :func:`run` (or :func:`start` for a job the
 test watches or interrupts), and its run folder is read with :func:`metrics`, :func:`summary` and
 checked with :func:`check_outputs`. Rank-level tests (a function on N ranks, no job) use
