@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from repro.rl.metrics import MetricsLog
 from repro.run.checkpoints import MANIFEST, MARKER
-from tests.distributed.test_trainer import DETERMINISTIC, _run
+from tests import jobs
+from tests.jobs import SMALL
 
 HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
 
@@ -23,11 +23,11 @@ HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf
 @pytest.mark.slow  # two real jobs one after the other: about 2-3 min on 2 loaded cores
 def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_path, ray_head):
     out = tmp_path / "run"
-    command = ["trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1", HF,
+    command = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1", HF,
                f"trainer.output_dir={out}"]
-    _run("grpo_tiny", command, tmp_path, ray_address=ray_head)
+    jobs.run_job("grpo_tiny", command, tmp_path / "outputs", ray_address=ray_head)
     ckpt = out / "checkpoints"
-    straight = MetricsLog(out / "metrics.tsv").rows
+    straight = jobs.metrics(out)
     manifest = json.loads((ckpt / "global_step_4" / MANIFEST).read_text())
     assert "actor/huggingface/config.json" in manifest["files"] and "trainer_state.json" in manifest["files"]
     shards = sorted(k for k in manifest["files"] if k.startswith("actor/ds/") and "optim_states" in k)
@@ -38,7 +38,7 @@ def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_p
     truncated = shard.stat().st_size
     (ckpt / MARKER).write_text("")
 
-    _run("grpo_tiny", command, tmp_path, ray_address=ray_head)
+    jobs.run_job("grpo_tiny", command, tmp_path / "outputs", ray_address=ray_head)
     log = (out / "train.log").read_text()
     assert f"checkpoint global_step_4 is damaged: {shards[1]} (size" in log
     assert "(step 2)" in log.split("resuming from global_step_2", 1)[1]  # "resumed from ... (step 2)"
@@ -48,21 +48,19 @@ def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_p
     assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_2", "global_step_4", "global_step_4.damaged",
                                                        MARKER]
     assert (ckpt / MARKER).read_text() == "4\n"
-    resumed = MetricsLog(out / "metrics.tsv").rows
+    resumed = jobs.metrics(out)
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    for a, b in zip(straight, resumed, strict=True):
-        for key in DETERMINISTIC:
-            assert a[key] == b[key], f"step {a['step']} {key}: uninterrupted {a[key]} vs resumed {b[key]}"
+    jobs.assert_same_metrics(straight, resumed)
 
 
 @pytest.mark.slow  # one real PPO job: about 1-2 min on 2 loaded cores
 def test_actor_and_critic_keep_limits_both_hold_in_a_ppo_run(tmp_path, ray_head):
     out = tmp_path / "ppo"
-    _run("ppo_tiny", ["trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
-                      "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
-                      "critic.forward_micro_batch_size_per_gpu=16", "trainer.max_actor_ckpt_to_keep=1",
-                      "trainer.max_critic_ckpt_to_keep=2", f"trainer.output_dir={out}"], tmp_path,
-         ray_address=ray_head)
+    jobs.run_job("ppo_tiny", [*SMALL, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
+                              "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
+                              "critic.forward_micro_batch_size_per_gpu=16", "trainer.max_actor_ckpt_to_keep=1",
+                              "trainer.max_critic_ckpt_to_keep=2", f"trainer.output_dir={out}"], tmp_path / "outputs",
+                 ray_address=ray_head)
     ckpt = out / "checkpoints"
     held = {p.name: sorted(c.name for c in p.iterdir() if c.is_dir()) for p in ckpt.iterdir() if p.is_dir()}
     assert held == {"global_step_2": ["critic"], "global_step_3": ["actor", "critic"]}

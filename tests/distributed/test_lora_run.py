@@ -3,13 +3,9 @@ with the reference policy being the actor's base model (adapters disabled) for t
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
-from repro.rl.metrics import MetricsLog
-from tests.distributed.test_trainer import ROOT, RUNNER, _env
+from tests import jobs
 
 LORA = [
     "trainer.device=cpu", "trainer.progress=plain", "trainer.total_training_steps=20", "trainer.test_freq=-1",
@@ -22,10 +18,9 @@ LORA = [
 @pytest.mark.slow  # a 20-step job of the full grpo_tiny batch: about 30 s on 2 quiet cores
 def test_grpo_with_lora_actor_learns(tmp_path, ray_head):
     out = tmp_path / "lora"
-    cmd = [sys.executable, "-c", RUNNER, "grpo_tiny", *LORA, f"trainer.output_dir={out}"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(tmp_path, ray_head), capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    rows = MetricsLog(out / "metrics.tsv").rows
+    jobs.run_job("grpo_tiny", [*LORA, f"trainer.output_dir={out}"], tmp_path / "outputs", ray_address=ray_head,
+                 timeout=1500)
+    rows = jobs.metrics(out)
     scores = [r["critic/score/mean"] for r in rows]
     assert len(scores) == 20
     # Measured 2026-11-23 on CPU: first-5 mean 0.301 -> last-5 0.390 (+0.088). A 30-step run has

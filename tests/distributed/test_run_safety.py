@@ -1,7 +1,8 @@
 """Real runs that are interrupted, resumed, resumed with a changed config, or lose a rank.
 
 Each run is ``python -m repro.main_ppo -cn grpo_tiny`` shrunk to small steps (2 CPU ranks through
-Ray, DeepSpeed ZeRO-2 on gloo), in a subprocess of its own session, as a user starts it.
+Ray, DeepSpeed ZeRO-2 on gloo), in a subprocess of its own session, as a user starts it (the job
+harness ``tests/jobs.py``).
 """
 
 from __future__ import annotations
@@ -18,34 +19,23 @@ from pathlib import Path
 import psutil
 import pytest
 
-from repro.rl.metrics import MetricsLog
-from tests.distributed.test_trainer import DETERMINISTIC
-from tests.distributed.test_trainer import SMALL as TRAINER_SMALL
+from tests import jobs
+from tests.jobs import job_env
 
-ROOT = Path(__file__).resolve().parents[2]
-# The small tiny-policy job of test_trainer, without validation (not what these tests look at).
-SMALL = [*TRAINER_SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1"]
+# The harness's small tiny-policy job, without validation (not what these tests look at).
+SMALL = [*jobs.SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1"]
 
 
 def _cmd(*overrides: str) -> list[str]:
-    return [sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, *overrides]
-
-
-def _env(outputs: Path, ray_address: str | None = None) -> dict[str, str]:
-    """The job's environment. Jobs whose own Ray processes a test watches (interrupts, a killed
-    rank) start their own cluster; the others may join the worker's shared head (``ray_head``)."""
-    env = dict(os.environ)
-    env["REPRO_OUTPUTS_DIR"] = str(outputs)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    if ray_address:
-        env.update(RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
-    return env
+    return jobs.cli_command("grpo_tiny", *SMALL, *overrides)
 
 
 def _run(cmd: list[str], outputs: Path, timeout: float = 240, ray_address: str | None = None
          ) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=ROOT, env=_env(outputs, ray_address), capture_output=True, text=True,
-                          timeout=timeout)
+    """The job to its end; the test asserts the exit status it expects. Jobs whose own Ray
+    processes a test watches (interrupts, a killed rank) start their own cluster; the others may
+    join the worker's shared head (``ray_head``)."""
+    return jobs.run(cmd, job_env(outputs, ray_address), timeout=timeout, check=False)
 
 
 def _job_processes(driver: int, outputs: Path) -> set[psutil.Process]:
@@ -79,17 +69,6 @@ def _alive(procs: set[psutil.Process], wait_s: float) -> list[str]:
         time.sleep(0.5)
 
 
-def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if path.is_file() and path.read_text().strip() == text:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended (rc {proc.returncode}) first:\n{proc.stdout.read()[-4000:]}")
-        time.sleep(0.2)
-    raise AssertionError(f"{path} never said {text!r} within {timeout} s")
-
-
 _INTERRUPTED = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
 
 
@@ -99,7 +78,7 @@ def _run_dir_at_step_2_checkpoint(outputs: Path, proc: subprocess.Popen) -> Path
     while not list(outputs.glob("grpo_tiny_arith_*")) and time.time() < deadline:
         time.sleep(0.2)
     run_dir = next(outputs.glob("grpo_tiny_arith_*"))
-    _wait_for(run_dir / "checkpoints" / "latest_checkpointed_iteration.txt", "2", proc, 240)
+    jobs.wait_for_checkpoint(proc, run_dir, 2, 240)
     return run_dir
 
 
@@ -110,12 +89,10 @@ def _interrupt(how: str, outputs: Path) -> Path:
     # The job pauses after its step-2 checkpoint (REPRO_HOLD_AFTER_CHECKPOINT), so the signal
     # always lands mid-run: sent after the checkpoint but without the pause, it came after the
     # run's last two steps on a loaded machine and the job exited 0.
-    env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
+    env = dict(job_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
     # SIGINT back to its default in the job, as in a terminal: a suite started from a background
     # shell inherits SIGINT ignored, and the job would then never see the Ctrl-C.
-    proc = subprocess.Popen(_cmd(*_INTERRUPTED), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = jobs.start(_cmd(*_INTERRUPTED), env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
         procs = _job_processes(proc.pid, outputs)
@@ -161,14 +138,11 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
     bitwise (one job serves both claims: a second kill -9 victim on a cluster of its own cost ~20 CPU s)."""
     outputs, straight = tmp_path / "outputs", tmp_path / "straight"
     # The uninterrupted reference (on the worker's shared Ray head) runs alongside the victim.
-    reference = subprocess.Popen(_cmd(*_KILLED, f"trainer.output_dir={straight}"), cwd=ROOT,
-                                 env=_env(tmp_path / "ref", ray_head), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    reference = jobs.start(_cmd(*_KILLED, f"trainer.output_dir={straight}"), job_env(tmp_path / "ref", ray_head))
     # The victim starts a Ray cluster of its own and pauses after its step-2 checkpoint, so the
     # kill always lands before its last step.
-    env = dict(_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
-    proc = subprocess.Popen(_cmd(*_KILLED), cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    env = dict(job_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
+    proc = jobs.start(_cmd(*_KILLED), env)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
         run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
@@ -180,8 +154,8 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
         proc.wait(timeout=30)
         # Checked at once: a job of another pytest worker starting its own Ray would reap them too.
         assert len(_alive(agents, wait_s=0)) == 2, "nothing outlived the driver: this test would prove nothing"
-        reaped = subprocess.run([sys.executable, "-m", "repro.cluster.ray_reaper"], cwd=ROOT, env=_env(outputs),
-                                capture_output=True, text=True, timeout=60)
+        reaped = jobs.run([sys.executable, "-m", "repro.cluster.ray_reaper"], job_env(outputs), timeout=60,
+                          check=False)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
         left = _alive(procs, wait_s=15)
         assert not left, f"processes left after kill -9 and the cleanup: {left}\n{reaped.stdout}"
@@ -199,11 +173,9 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
     done = _run(_cmd(*_KILLED), outputs, ray_address=ray_head)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'}" in (run_dir / "train.log").read_text()
-    a, b = MetricsLog(straight / "metrics.tsv").rows, MetricsLog(run_dir / "metrics.tsv").rows
+    a, b = jobs.metrics(straight), jobs.metrics(run_dir)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b, strict=True):
-        for key in DETERMINISTIC:
-            assert ra[key] == rb[key], f"step {ra['step']} {key}: uninterrupted {ra[key]} vs resumed {rb[key]}"
+    jobs.assert_same_metrics(a, b)
 
 
 @pytest.mark.slow  # three real jobs, one after the other: about 30 s on 2 cores
@@ -228,7 +200,7 @@ def test_sigterm_leaves_no_process_records_the_checkpoint_refuses_a_changed_conf
     done = _run(_cmd(*_INTERRUPTED), outputs, ray_address=ray_head)
     assert done.returncode == 0, done.stderr[-4000:]
     assert "took over" not in done.stderr
-    assert [r["step"] for r in MetricsLog(run_dir / "metrics.tsv").rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in jobs.metrics(run_dir)] == [1, 2, 3, 4]
     assert json.loads((run_dir / "run.json").read_text())["status"] == "finished"
     assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'}" in (run_dir / "train.log").read_text()
 
@@ -255,7 +227,7 @@ def test_explicit_config_change_resumes_from_the_checkpoint_and_is_recorded(tmp_
     assert state["config"]["actor_rollout_ref.actor.optim.lr"] == 0.0002
     log = (second / "train.log").read_text()
     assert "config changed on purpose (trainer.allow_config_change): actor_rollout_ref.actor.optim.lr: 0.0001 -> 0.0002" in log
-    assert [r["step"] for r in MetricsLog(second / "metrics.tsv").rows] == [3]
+    assert [r["step"] for r in jobs.metrics(second)] == [3]
 
 
 def _tiny_policy_copy(dest: Path) -> Path:
@@ -290,11 +262,10 @@ def test_a_dead_rank_is_named(tmp_path, ray_head):
     outputs = tmp_path / "outputs"
     out = tmp_path / "run"
     # Fresh ranks on the shared head: the victim is found by the environment its job gave it.
-    env = _env(outputs, ray_address=ray_head)
+    env = job_env(outputs, ray_address=ray_head)
     env.pop("REPRO_REUSE_RANKS")
-    proc = subprocess.Popen(_cmd("trainer.total_training_steps=50", "trainer.save_freq=-1", f"trainer.output_dir={out}"),
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = jobs.start(_cmd("trainer.total_training_steps=50", "trainer.save_freq=-1", f"trainer.output_dir={out}"),
+                      env, stderr=subprocess.PIPE)
     try:
         deadline, victim = time.time() + 180, None
         while victim is None and time.time() < deadline and proc.poll() is None:

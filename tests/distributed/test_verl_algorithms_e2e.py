@@ -5,20 +5,19 @@ through Ray, ZeRO-2, the hf rollout). Seven runs cover them all, paired up to ke
 math is checked against verl itself in ``tests/verl_parity``; these prove the keys reach the
 trainer and the workers and the runs train (finite losses, varied advantages).
 
-The seven jobs run one after the other in one driver process that joins the worker's shared Ray
-head (``ray_head``): start-up (imports, ``ray.init``) is paid once, not seven times; each job still
-builds its own config, worker group, engines and run folder."""
+The seven jobs run one after the other in one driver process (the job harness's runner,
+``tests/jobs.py``) that joins the worker's shared Ray head (``ray_head``): start-up (imports,
+``ray.init``) is paid once, not seven times; each job still builds its own config, worker group,
+engines and run folder."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.distributed.test_trainer import ROOT, SMALL, _check_outputs, _env
+from tests import jobs
+from tests.jobs import SMALL
 
 ACTOR = "actor_rollout_ref.actor"
 CASES = {
@@ -44,21 +43,6 @@ CASES = {
 
 COMMON = ["trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
           "trainer.val_before_train=false"]
-# Each job as the CLI builds it (load_config of the preset plus overrides); a failed job is
-# recorded with its traceback and the next one still runs.
-RUNNER = (
-    "import json, sys, traceback\n"
-    "from repro.config.loader import load_config\n"
-    "from repro.config.presets import preset_overrides\n"
-    "from repro.trainer import run\n"
-    "for status, overrides in json.loads(sys.argv[1]):\n"
-    "    try:\n"
-    "        run(load_config(preset_overrides('grpo_tiny') + overrides))\n"
-    "        result = 'ok'\n"
-    "    except BaseException:\n"
-    "        result = traceback.format_exc()\n"
-    "    open(status, 'w').write(result)\n"
-)
 
 
 def _check_case(case: str, out: Path) -> None:
@@ -70,7 +54,7 @@ def _check_case(case: str, out: Path) -> None:
         required += ["actor/entropy_loss", "actor/entropy"]
     if "use_kl_in_reward=true" in overrides:
         required.append("actor/reward_kl_penalty_coeff")
-    rows = _check_outputs(out, 2, tuple(required))
+    rows = jobs.check_outputs(out, 2, tuple(required))
     assert any(r["critic/advantages/max"] != r["critic/advantages/min"] for r in rows)
     if case == "remax":
         # Scores are >= 0, so a negative advantage is a sample scored below its prompt's greedy
@@ -91,13 +75,14 @@ def test_verl_algorithms_run_end_to_end(tmp_path, ray_head):
     # One test, not one per case: a module fixture shared by parametrised tests would run the
     # driver once per xdist worker that receives a case, and xdist_group does not hold them
     # together under this pytest (9.2) and pytest-xdist (3.8). Every case is checked; the
-    # failure lists each failing case with its own error.
-    jobs = [(str(tmp_path / f"{case}.status"),
+    # failure lists each failing case with its own error. Each job is built as the CLI builds it
+    # (load_config of the preset plus overrides); a failed job is recorded with its traceback in
+    # its status file and the next one still runs.
+    each = [(tmp_path / f"{case}.status",
              # the case's overrides after COMMON: remax turns validation on (trainer.test_freq=2)
              [*SMALL, *COMMON, *CASES[case], f"trainer.output_dir={tmp_path / case}"]) for case in CASES]
-    proc = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(jobs)], cwd=ROOT,
-                          env=_env(tmp_path, ray_head), capture_output=True, text=True, timeout=180 * len(jobs))
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    jobs.run(jobs.runner_each_command("grpo_tiny", each), jobs.job_env(tmp_path / "outputs", ray_head),
+             timeout=180 * len(each))
     failures = {}
     for case in CASES:
         status = (tmp_path / f"{case}.status").read_text()

@@ -10,44 +10,39 @@
 - Qwen3-0.6B shape (random init, bf16, GSM8K prompts from fixtures, char tokenizer): 10 steps;
   memory and throughput budgets; the time split is recorded.
 
-Each case runs the real job (Ray + DeepSpeed + NCCL) in a subprocess and fits in one 10-minute
-device command. Every case writes ``summary.tsv``, ``metrics.tsv``, ``curves.png`` and
-``gate.json`` (device, date, command, each assertion with its measured value) before asserting,
-under ``$REPRO_GATE_OUT/<case>/`` when set (copy that folder into ``results/gpu_gate/``), else
-under pytest's tmp dir.
+Each case runs the real job (Ray + DeepSpeed + NCCL) in a subprocess through the job harness
+(``tests/jobs.py``) and fits in one 10-minute device command. Every case writes ``summary.tsv``,
+``metrics.tsv``, ``curves.png``, ``job.log`` and ``gate.json`` (``jobs.Gate``: device, date, command,
+each assertion with its measured value) before asserting, under ``$REPRO_GATE_OUT/<case>/`` when set
+(copy that folder into ``results/gpu_gate/``), else under pytest's tmp dir.
+
+A new case: :func:`_run_case` runs a preset (or none) with the case's overrides and returns its
+``Gate`` record, metric rows and summary; add the case's checks (``_finite_checks``,
+``_memory_checks``, its own ``gate.check``) and ``gate.finish``; its budget goes in
+``fixtures/gpu_budgets.json`` under the case's name.
 """
 
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import require_cuda_gpus
 from repro.bench.rollout import make_policy_dir
-from repro.config.presets import preset_overrides
-from repro.rl.metrics import MetricsLog, read_summary
+from tests import jobs
+from tests.jobs import ROOT, Gate
 
 pytestmark = pytest.mark.gpu
 
-ROOT = Path(__file__).resolve().parents[2]
 BUDGETS = json.loads((ROOT / "fixtures" / "gpu_budgets.json").read_text())
 N_GPUS = 2
 SCORE_MARGIN_60 = 0.15
 SCORE_MARGIN_30 = 0.10
-RUNNER = (
-    "import sys\n"
-    "from repro.config.loader import load_config\n"
-    "from repro.trainer import run\n"
-    "run(load_config(sys.argv[1:]))\n"
-)
 LOSS_KEYS = ("actor/pg_loss", "actor/grad_norm")
 
 
@@ -59,51 +54,15 @@ def _out_dir(tmp_path: Path, case: str) -> Path:
     return out
 
 
-def _device_name() -> str:
-    import torch
-
-    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-
-
-def _run(overrides: list[str], out: Path, timeout: float) -> list[str]:
-    """Run the job; returns the command (for the record). Its log goes to ``out/job.log``."""
-    cmd = [sys.executable, "-c", RUNNER, *overrides, f"trainer.output_dir={out}", "trainer.progress=plain"]
-    env = dict(os.environ)
-    env.pop("DS_ACCELERATOR", None)  # the root conftest sets cpu for CPU suites
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.setdefault("REPRO_OUTPUTS_DIR", str(out.parent))
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "job.log", "w") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0:
-        tail = (out / "job.log").read_text()[-6000:]
-        pytest.fail(f"job failed with rc {proc.returncode}:\n{tail}")
-    return cmd
-
-
-class Gate:
-    """Collects named checks with their measured values, writes gate.json, then asserts them."""
-
-    def __init__(self, case: str, out: Path, cmd: list[str]) -> None:
-        self.case, self.out, self.cmd = case, out, cmd
-        self.checks: list[dict] = []
-
-    def check(self, name: str, ok: bool, measured: object, limit: object) -> None:
-        self.checks.append({"check": name, "ok": bool(ok), "measured": measured, "limit": limit})
-
-    def finish(self, summary: dict, extra: dict | None = None) -> None:
-        record = {
-            "case": self.case,
-            "device": _device_name(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join(self.cmd[:2] + ["<runner>"] + self.cmd[3:]),
-            "summary": summary,
-            "checks": self.checks,
-            **(extra or {}),
-        }
-        (self.out / "gate.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
-        failed = [c for c in self.checks if not c["ok"]]
-        assert not failed, f"{self.case}: failed checks {failed} (record in {self.out / 'gate.json'})"
+def _run_case(case: str, preset: str | None, overrides: list[str], tmp_path: Path, timeout: float
+              ) -> tuple[Gate, list[dict], dict]:
+    """Run ``preset`` (``None``: ``overrides`` are the whole config) with ``overrides`` as gate case
+    ``case``, its outputs and ``job.log`` in :func:`_out_dir`; a failed job fails the test with the
+    log's tail. Returns the case's (still empty) record, the metric rows and the summary."""
+    out = _out_dir(tmp_path, case)
+    cmd = jobs.runner_command(preset, [*overrides, f"trainer.output_dir={out}", "trainer.progress=plain"])
+    jobs.run(cmd, jobs.job_env(out.parent, gpu=True), timeout=timeout, log=out / "job.log")
+    return Gate(case, out, cmd), jobs.metrics(out), jobs.summary(out)
 
 
 def _memory_checks(gate: Gate, summary: dict, budget: dict) -> None:
@@ -160,8 +119,7 @@ def test_grpo_tiny_with_vllm_rollout_score_rises_as_with_hf(case, zero, steps, m
 
 
 def _tiny_gate(case, zero, steps, margin, timeout, tmp_path, gpus, extra, budget):
-    out = _out_dir(tmp_path, case)
-    overrides = preset_overrides("grpo_tiny") + [
+    overrides = [
         "trainer.device=cuda",
         f"trainer.n_gpus_per_node={gpus}",
         f"actor_rollout_ref.actor.deepspeed.zero_stage={zero}",
@@ -172,10 +130,7 @@ def _tiny_gate(case, zero, steps, margin, timeout, tmp_path, gpus, extra, budget
         # auto = bf16 on CUDA (DeepSpeed keeps fp32 master weights); REPRO_GATE_TINY_DTYPE=float32 to compare.
         f"actor_rollout_ref.actor.deepspeed.model_dtype={os.environ.get('REPRO_GATE_TINY_DTYPE', 'auto')}",
     ] + extra
-    cmd = _run(overrides, out, timeout)
-    rows = MetricsLog(out / "metrics.tsv").rows
-    summary = read_summary(out / "summary.tsv")
-    gate = Gate(case, out, cmd)
+    gate, rows, summary = _run_case(case, "grpo_tiny", overrides, tmp_path, timeout)
     gate.check("all steps ran", len(rows) == steps, len(rows), steps)
     first = rows[0]["critic/score/mean"]
     tail = summary["avg_score_tail5"]
@@ -190,7 +145,6 @@ def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
     require_cuda_gpus(N_GPUS)
     case = "qwen3_0p6b_shape_zero2"
     budget = BUDGETS[case]
-    out = _out_dir(tmp_path, case)
     work = tmp_path / "work"
     from repro.data.gsm8k import convert
 
@@ -221,10 +175,7 @@ def test_qwen3_0p6b_shape_memory_and_throughput(tmp_path):
         "trainer.save_freq=-1",
         f"trainer.experiment_name={case}",
     ]
-    cmd = _run(overrides, out, timeout=480)
-    rows = MetricsLog(out / "metrics.tsv").rows
-    summary = read_summary(out / "summary.tsv")
-    gate = Gate(case, out, cmd)
+    gate, rows, summary = _run_case(case, None, overrides, tmp_path, timeout=480)
     gate.check("all steps ran", len(rows) == steps, len(rows), steps)
     _finite_checks(gate, rows)
     _memory_checks(gate, summary, budget)

@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from repro.config import RunConfig
-from repro.rl.metrics import MetricsLog
-from tests.distributed.cluster.test_worker_group import RankProbe
-from tests.distributed.test_trainer import DETERMINISTIC, ROOT, SMALL, _env, _wait_for_checkpoint
+from tests import jobs
+from tests.distributed.cluster.probes import RankProbe
+from tests.jobs import SMALL, job_env
 
 
 class NodeProbe(RankProbe):
@@ -127,11 +127,10 @@ def test_three_nodes_on_a_two_node_cluster_are_refused_before_any_rank_starts(cl
 
 
 def test_two_nodes_without_a_cluster_to_join_exit_2_with_one_line(tmp_path):
-    env = _env(tmp_path)
+    env = job_env(tmp_path / "outputs")
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, "trainer.nnodes=2",
-                           "trainer.n_gpus_per_node=1", "trainer.total_training_steps=1"], env=env, cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
+    proc = jobs.run(jobs.cli_command("grpo_tiny", *SMALL, "trainer.nnodes=2", "trainer.n_gpus_per_node=1",
+                                     "trainer.total_training_steps=1"), env, timeout=180, check=False)
     last = proc.stderr.strip().splitlines()[-1]
     print("refusal:", last)
     assert proc.returncode == 2, proc.stderr[-4000:]
@@ -196,24 +195,21 @@ def test_checkpoint_folder_on_one_nodes_local_disk_is_refused(tmp_path, monkeypa
 
 
 def _grpo(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "repro.main_ppo", "-cn", "grpo_tiny", *SMALL, "trainer.total_training_steps=3",
-            "trainer.save_freq=2", "trainer.test_freq=-1", f"trainer.output_dir={out}", *extra]
+    return jobs.cli_command("grpo_tiny", *SMALL, "trainer.total_training_steps=3", "trainer.save_freq=2",
+                            "trainer.test_freq=-1", f"trainer.output_dir={out}", *extra)
 
 
 @pytest.mark.slow  # three GRPO jobs (two at once) and a refused one: about 2-3 min on 2 busy cores
 def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path, ray_head):
     one_node, two_nodes = tmp_path / "one_node", tmp_path / "two_nodes"
     on_cluster = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.ray_address={cluster.address}"]
-    popen = {"cwd": ROOT, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
-             "start_new_session": True}
     # The single-node reference (on the worker's shared Ray head) runs alongside the 2-node run.
-    reference = subprocess.Popen(_grpo(one_node, "trainer.n_gpus_per_node=2"), env=_env(tmp_path / "ref", ray_head),
-                                 **popen)
+    reference = jobs.start(_grpo(one_node, "trainer.n_gpus_per_node=2"), job_env(tmp_path / "ref" / "outputs", ray_head))
     # The victim pauses 8 s after its step-2 checkpoint: the node is gone before its last step.
-    victim = subprocess.Popen(_grpo(two_nodes, *on_cluster), env=dict(_env(tmp_path), REPRO_HOLD_AFTER_CHECKPOINT="2:8"),
-                              **popen)
+    victim = jobs.start(_grpo(two_nodes, *on_cluster),
+                        dict(job_env(tmp_path / "outputs"), REPRO_HOLD_AFTER_CHECKPOINT="2:8"))
     try:
-        _wait_for_checkpoint(victim, two_nodes / "checkpoints" / "latest_checkpointed_iteration.txt", 2, 300)
+        jobs.wait_for_checkpoint(victim, two_nodes, 2, 300)
         lost = cluster.worker.node_id
         cluster.remove_node(cluster.worker, allow_graceful=False)  # its raylet and its rank die
         victim_out, _ = victim.communicate(timeout=180)
@@ -228,8 +224,7 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
     assert f"on node {lost[:12]} " in victim_out.strip().splitlines()[-1]
 
     # Resuming while the node is gone is refused before any rank starts, naming the lost node.
-    refused = subprocess.run(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), cwd=ROOT, capture_output=True,
-                             text=True, timeout=180)
+    refused = jobs.run(_grpo(two_nodes, *on_cluster), job_env(tmp_path / "outputs"), timeout=180, check=False)
     print("resume refused:", refused.stderr.strip().splitlines()[-1])
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert refused.stderr.strip().splitlines()[-1].startswith(
@@ -238,8 +233,7 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
 
     # A replacement node joins; the run resumes from its step-2 checkpoint on two nodes again.
     cluster.worker = cluster.add_node(num_cpus=1)
-    resumed = subprocess.run(_grpo(two_nodes, *on_cluster), env=_env(tmp_path), cwd=ROOT, capture_output=True,
-                             text=True, timeout=300)
+    resumed = jobs.run(_grpo(two_nodes, *on_cluster), job_env(tmp_path / "outputs"), timeout=300, check=False)
     assert resumed.returncode == 0, resumed.stderr[-6000:]
     log = (two_nodes / "train.log").read_text()
     assert "resumed from" in log
@@ -250,9 +244,7 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
     assert len(placed) == 2 and len(set(placed[0])) == 2 and lost[:12] in placed[0]
     assert sorted(placed[1]) == sorted(alive) and lost[:12] not in placed[1]
 
-    a, b = MetricsLog(one_node / "metrics.tsv").rows, MetricsLog(two_nodes / "metrics.tsv").rows
+    a, b = jobs.metrics(one_node), jobs.metrics(two_nodes)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
-    for ra, rb in zip(a, b, strict=True):
-        for key in DETERMINISTIC:
-            assert ra[key] == rb[key], f"step {ra['step']} {key}: one node {ra[key]} vs two nodes {rb[key]}"
+    jobs.assert_same_metrics(a, b, ("one node", "two nodes"))
     print("metrics equal bitwise over steps 1-3:", {k: [r[k] for r in b] for k in ("critic/score/mean", "actor/pg_loss")})

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from repro.config import RunConfig
-from tests.distributed.cluster.test_worker_group import RankProbe
+from tests.distributed.cluster.probes import RankProbe
 
 
 class StateProbe(RankProbe):

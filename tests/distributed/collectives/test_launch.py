@@ -5,15 +5,12 @@ from __future__ import annotations
 import os
 import pathlib
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
-from tests.distributed.collectives.test_trace import _REPO, _launch
-from tests.subprocess_env import pythonpath
+from tests.distributed.collectives.trace_cli import run_cli, start_cli
 
 # Rank 0 waits in an all_reduce that rank 1 never joins; rank 1 waits in a recv that rank 0 never sends.
 _STUCK = """
@@ -35,18 +32,6 @@ def _write(tmp_path: pathlib.Path, name: str, text: str) -> pathlib.Path:
 def _args(script: pathlib.Path, out: pathlib.Path, *opts: str) -> list[str]:
     """``launch`` of ``script`` on 2 ranks with ``opts``, recording into ``out``."""
     return ["launch", "--nproc-per-node", "2", *opts, "--out", str(out), "--", str(script)]
-
-
-def _start(args: list[str], cwd: pathlib.Path) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=pythonpath(_REPO))
-    return subprocess.Popen(
-        [sys.executable, "-m", "repro.collectives_trace", *args],
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
 
 
 def _rank_pids(out: pathlib.Path, timeout_s: float = 60) -> list[int]:
@@ -74,7 +59,7 @@ def _alive(pid: int) -> bool:
 def test_a_signal_to_launch_ends_every_rank_and_still_prints_the_report(tmp_path, sig, code):
     script = _write(tmp_path, "stuck.py", _STUCK)
     out = tmp_path / "trace"
-    proc = _start(
+    proc = start_cli(
         _args(script, out, "--check", "off", "--stall-s", "0"),
         tmp_path,
     )
@@ -110,7 +95,7 @@ def test_record_mode_turns_a_p2p_deadlock_into_a_report_with_stacks(tmp_path):
     """,
     )
     start = time.monotonic()
-    done = _launch(
+    done = run_cli(
         _args(script, tmp_path / "t", "--check", "off", "--stall-s", "2"),
         tmp_path,
     )
@@ -139,7 +124,7 @@ def test_a_long_computation_between_collectives_is_not_a_hang(tmp_path):
         dist.destroy_process_group()
     """,
     )
-    done = _launch(
+    done = run_cli(
         _args(script, tmp_path / "t", "--check", "off", "--stall-s", "1"),
         tmp_path,
     )
@@ -160,7 +145,7 @@ def test_the_scripts_folder_is_on_sys_path_as_with_plain_python(tmp_path):
         dist.all_reduce(torch.ones(N))
     """,
     )
-    done = _launch(_args(script, tmp_path / "t"), tmp_path)
+    done = run_cli(_args(script, tmp_path / "t"), tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -176,7 +161,7 @@ def test_a_rank_that_dies_before_its_first_collective_leads_the_report_with_its_
         dist.all_reduce(torch.ones(1))
     """,
     )
-    done = _launch(
+    done = run_cli(
         _args(script, tmp_path / "t", "--grace-s", "1"),
         tmp_path,
     )
@@ -208,7 +193,7 @@ def test_a_ddp_rank_that_skips_a_backward_is_reported_from_the_reducers_own_call
     """,
     )
     out = tmp_path / "t"
-    done = _launch(_args(script, out, "--stall-s", "3"), tmp_path)
+    done = run_cli(_args(script, out, "--stall-s", "3"), tmp_path)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "issued from C++ by: DDP reducer: gradient bucket in backward" in done.stdout
     # Where rank 1 stands when the recorders are dumped depends on timing: still short of call #8

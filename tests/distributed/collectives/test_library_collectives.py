@@ -11,7 +11,7 @@ import pathlib
 import re
 import time
 
-from tests.distributed.collectives.test_trace import _launch
+from tests.distributed.collectives.trace_cli import run_cli
 
 PROGRAMS = pathlib.Path(__file__).resolve().parents[2] / "collectives_programs"
 
@@ -19,7 +19,7 @@ PROGRAMS = pathlib.Path(__file__).resolve().parents[2] / "collectives_programs"
 def _run(program: str, twin: str, out: pathlib.Path, check: str, stall_s: str = "5"):
     args = ["launch", "--nproc-per-node", "2", "--check", check, "--timeout-s", "60", "--stall-s", stall_s]
     args += ["--grace-s", "3", "--out", str(out), "--", str(PROGRAMS / f"{program}.py"), twin]
-    done = _launch(args, PROGRAMS)
+    done = run_cli(args, PROGRAMS)
     return done, time.time()
 
 

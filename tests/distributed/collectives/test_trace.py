@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
-import subprocess
-import sys
 import textwrap
 import time
 
 import pytest
 
 from repro.collectives_trace import analyze
+from tests.distributed.collectives.trace_cli import REPO, run_cli
 from tests.multirank import RankFailure
-from tests.subprocess_env import pythonpath
-
-_REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def _diverge(kind: str, rank: int) -> None:
@@ -203,18 +198,6 @@ def test_flight_recorder_dump_from_gloo_is_analyzed(multirank, tmp_path):
     assert d.call_a.site.endswith(_site_line("dtype"))
 
 
-def _launch(args: list[str], cwd: pathlib.Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=pythonpath(_REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "repro.collectives_trace", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
     script = tmp_path / "job.py"
     script.write_text(
@@ -230,7 +213,7 @@ def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
     """)
     )
     out = tmp_path / "trace"
-    done = _launch(
+    done = run_cli(
         ["launch", "--nproc-per-node", "2", "--check", "every", "--out", str(out), "--", str(script)],
         tmp_path,
     )
@@ -241,10 +224,10 @@ def test_cli_launch_reports_divergence_then_analyze_and_export_agree(tmp_path):
         and "job.py:9 <module>" in done.stdout
     )
     assert "SIGABRT" not in done.stdout
-    report = json.loads(_launch(["analyze", str(out), "--json"], tmp_path).stdout)["divergence"]
+    report = json.loads(run_cli(["analyze", str(out), "--json"], tmp_path).stdout)["divergence"]
     assert (report["call_a"]["numel"], report["call_b"]["numel"]) == (3, 5)
     chrome = tmp_path / "t.json"
-    assert _launch(["export", str(out), "--chrome", str(chrome)], tmp_path).returncode == 0
+    assert run_cli(["export", str(out), "--chrome", str(chrome)], tmp_path).returncode == 0
     marked = [e for e in json.loads(chrome.read_text())["traceEvents"] if e.get("cname") == "terrible"]
     assert {e.get("pid") for e in marked} == {0, 1}
 
@@ -258,7 +241,7 @@ def test_cli_launch_exits_zero_when_ranks_agree(tmp_path, form):
     )
     # -m: the ranks find the module as python -m does, from the working directory (tmp_path).
     target = [str(script)] if form == "script" else ["-m", "ok_job"]
-    done = _launch(["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", *target], tmp_path)
+    done = run_cli(["launch", "--nproc-per-node", "2", "--out", str(tmp_path / "t"), "--", *target], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "all 2 ranks exited 0; no divergence (rank 0: 2 calls; rank 1: 2 calls)" in done.stdout, (
         done.stdout
@@ -267,8 +250,8 @@ def test_cli_launch_exits_zero_when_ranks_agree(tmp_path, form):
 
 # ---- the ZeRO-2 reproduction: the reference actor with the inactive-micro shortcut forced on ----
 
-_ENGINE_PY = _REPO / "repro" / "workers" / "engine.py"
-_SCENARIO = _REPO / "repro" / "scenarios" / "zero2_inactive_micro.py"
+_ENGINE_PY = REPO / "repro" / "workers" / "engine.py"
+_SCENARIO = REPO / "repro" / "scenarios" / "zero2_inactive_micro.py"
 
 
 # The phases of RoleEngine's update loop (the worker's call sites): backward per micro-batch, the
@@ -373,7 +356,7 @@ def test_zero2_actor_without_the_shortcut_ranks_issue_identical_collectives(pool
 def test_cli_launch_of_the_zero2_scenario_exits_nonzero_with_the_report(tmp_path):
     out = tmp_path / "trace"
     start = time.monotonic()
-    done = _launch(
+    done = run_cli(
         [
             "launch",
             "--nproc-per-node",
@@ -386,7 +369,7 @@ def test_cli_launch_of_the_zero2_scenario_exits_nonzero_with_the_report(tmp_path
             str(_SCENARIO),
             "--skip-inactive",
         ],
-        _REPO,
+        REPO,
     )
     elapsed = time.monotonic() - start
     assert done.returncode == 1, done.stdout + done.stderr

@@ -4,21 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from repro.batching.plan import RoleBatchPlan
 from repro.config import DeepSpeedConfig, OptimConfig
 from repro.config.ds_config import OffloadPlan, build_ds_config, build_scheduler, resolve_offload
-
-
-def _plan(dp: int, mini_samples: int, micro: int, samples_per_step: int) -> RoleBatchPlan:
-    per_rank = mini_samples // dp
-    return RoleBatchPlan(
-        world=dp, dp=dp, sp=1, samples_per_step=samples_per_step, mini_batch_samples=mini_samples,
-        per_rank_mini=per_rank, micro=micro, gas=per_rank // micro, train_batch_size=mini_samples,
-        num_mini_batches=samples_per_step // mini_samples, dynamic=False, max_token_len=None,
-    )
-
-
-BENCH_PLAN = _plan(dp=2, mini_samples=16, micro=2, samples_per_step=16)  # micro 2, GAS 4, 2 ranks
+from tests.unit.config.plans import BENCH_PLAN, role_plan
 
 
 @pytest.mark.parametrize(
@@ -103,7 +91,7 @@ def test_grpo_reference_command_actor_config():
     # actor_rollout_ref.actor.strategy=deepspeed data.train_batch_size=128 rollout.n=5
     # actor.ppo_mini_batch_size=64 actor.ppo_micro_batch_size_per_gpu=8 optim.lr=1e-6
     # actor.deepspeed.zero_stage=2 trainer.n_gpus_per_node=2 (grad_clip 1.0)
-    plan = _plan(dp=2, mini_samples=64 * 5, micro=8, samples_per_step=128 * 5)
+    plan = role_plan(dp=2, mini_samples=64 * 5, micro=8, samples_per_step=128 * 5)
     ds = DeepSpeedConfig(zero_stage=2, offload="none", param_offload=False, fp32_grad_accum=False)
     cfg = build_ds_config(ds, OptimConfig(lr=1e-6), plan, grad_clip=1.0, on_cuda=True)
     assert cfg == {

@@ -22,7 +22,7 @@ from repro.config.zero3 import (
     model_size_of,
     zero3_sizes,
 )
-from tests.unit.config.test_ds_config import BENCH_PLAN
+from tests.unit.config.plans import BENCH_PLAN
 
 UNSET = dict.fromkeys(SIZE_KEYS)
 DEEPSPEED = {"reduce_bucket_size": DEEPSPEED_REDUCE_BUCKET_SIZE,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -12,9 +13,10 @@ from repro.data import arith
 from repro.data.gsm8k import convert
 from repro.data.prompts import PromptDataset, render_prompt
 from repro.data.tokenizer import build_tokenizer
-from tests.unit.data.test_gsm8k_parquet import FIXTURES
 
 TOK = build_tokenizer()
+# The GSM8K sample checked in for tests (fixtures/gsm8k/README.md says where it comes from).
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "gsm8k"
 
 
 class _NoTemplate:

@@ -1,0 +1,242 @@
+"""Job harness: real training jobs in a subprocess, and what the tests read back from them.
+
+Every job-level test starts its jobs and reads their outputs through this module:
+
+- CPU jobs on 2 gloo ranks through Ray: ``tests/distributed/test_trainer.py``, ``test_lora_run.py``,
+  ``test_checkpoint_fallback.py``, ``test_run_safety.py``, ``cluster/test_multinode.py``;
+- verl's algorithm set end to end, several jobs in one driver: ``tests/distributed/test_verl_algorithms_e2e.py``;
+- the GPU gate (NCCL, a ``gate.json`` record per case): ``tests/gpu_e2e/test_grpo_gate.py``.
+
+A job is the trainer as a user runs it, in a process of its own: either the CLI
+(:func:`cli_command`: ``python -m repro.main_ppo -cn <preset> ...``, for what the CLI itself does:
+pre-flight, exit codes and one-line errors, signals, resume) or :data:`RUNNER`
+(:func:`runner_command`: the CLI's ``load_config`` + ``repro.trainer.run`` alone, for what the run
+produces; an exception is a traceback and exit 1). Its
+environment comes from :func:`job_env`, it runs through :func:`run` (or :func:`start` for a job the
+test watches or interrupts), and its run folder is read with :func:`metrics`, :func:`summary` and
+checked with :func:`check_outputs`. Rank-level tests (a function on N ranks, no job) use
+``tests/multirank.py`` instead. Test modules never import each other
+(``tests/unit/test_test_layout.py``): what they share lives here.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from repro.config.presets import preset_overrides
+from repro.rl.metrics import MetricsLog, read_summary
+from repro.run.checkpoints import MARKER
+from tests.subprocess_env import pythonpath
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The presets' tiny task shrunk to a few small steps on 2 CPU ranks (a step in seconds, not minutes).
+SMALL = [
+    "trainer.device=cpu",
+    "data.train_batch_size=8",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "trainer.progress=plain",
+]
+# Metrics that must be identical between a resumed run and an uninterrupted one (timings excluded).
+DETERMINISTIC = ("critic/score/mean", "critic/advantages/mean", "response_length/mean", "actor/pg_loss",
+                 "actor/grad_norm", "actor/entropy", "actor/ppo_kl", "actor/lr")
+
+# Builds the config the way the CLI does (load_config of the overrides) and runs it in this
+# process. With ``--each JSON`` it runs a list of (status file, overrides) jobs one after the
+# other in one driver, so that start-up (imports, ray.init) is paid once; each job's "ok" or
+# traceback goes to its status file and a failed job does not stop the next.
+RUNNER = """\
+import json, sys, traceback
+from repro.config.loader import load_config
+from repro.trainer import run
+if sys.argv[1:2] != ["--each"]:
+    run(load_config(sys.argv[1:]))
+else:
+    for status, overrides in json.loads(sys.argv[2]):
+        try:
+            run(load_config(overrides))
+            result = "ok"
+        except BaseException:
+            result = traceback.format_exc()
+        open(status, "w").write(result)
+"""
+
+
+def runner_command(preset: str | None, overrides: list[str]) -> list[str]:
+    """:data:`RUNNER` on ``preset``'s overrides (none: ``None``) followed by ``overrides`` (later ones win).
+
+    The preset is expanded here, so the command line carries the whole config (the GPU gate
+    records it in ``gate.json``)."""
+    return [sys.executable, "-c", RUNNER, *(preset_overrides(preset) if preset else []), *overrides]
+
+
+def runner_each_command(preset: str | None, jobs: list[tuple[Path, list[str]]]) -> list[str]:
+    """:data:`RUNNER` running ``jobs`` (status file, overrides after ``preset``'s) one after the
+    other in one driver."""
+    base = preset_overrides(preset) if preset else []
+    return [sys.executable, "-c", RUNNER, "--each", json.dumps([(str(status), [*base, *o]) for status, o in jobs])]
+
+
+def cli_command(preset: str, *overrides: str) -> list[str]:
+    """``python -m repro.main_ppo -cn <preset> <overrides>``: the command line a user types."""
+    return [sys.executable, "-m", "repro.main_ppo", "-cn", preset, *overrides]
+
+
+def job_env(outputs: Path, ray_address: str | None = None, *, gpu: bool = False) -> dict[str, str]:
+    """The job's environment: this checkout importable, its run folders under ``outputs``
+    (``REPRO_OUTPUTS_DIR``), on a Ray cluster of its own unless ``ray_address`` is given.
+
+    ``ray_address`` (the ``ray_head`` fixture) joins that cluster and keeps the ranks for the next
+    job (``REPRO_REUSE_RANKS``): a job that tests what happens to its own Ray processes (kill -9,
+    Ctrl-C, a lost rank) starts its own. ``gpu``: the job picks its accelerator itself."""
+    env = dict(os.environ)
+    # Packages may come through PYTHONPATH (the GPU machine's unpacked wheels): kept behind the checkout.
+    env["PYTHONPATH"] = pythonpath(ROOT)
+    if gpu:
+        # The root conftest sets DS_ACCELERATOR=cpu for the CPU suites; an outputs root set by
+        # whoever runs the gate is theirs (the cases name their folders with trainer.output_dir).
+        env.pop("DS_ACCELERATOR", None)
+        env.setdefault("REPRO_OUTPUTS_DIR", str(outputs))
+    else:
+        env["REPRO_OUTPUTS_DIR"] = str(outputs)
+    if ray_address:
+        env.update(RAY_ADDRESS=ray_address, REPRO_REUSE_RANKS="1")
+    return env
+
+
+def run(cmd: list[str], env: dict[str, str], *, timeout: float, log: Path | None = None,
+        check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``cmd`` from the checkout's root; a run past ``timeout`` is killed (``TimeoutExpired``).
+
+    Its output is captured (``.stdout``, ``.stderr``), or with ``log`` written to that file, stderr
+    merged (a GPU case's log stays beside its outputs, and a long log never sits in memory).
+    ``check``: a non-zero exit fails the test with the output's tail; without it, the caller
+    asserts the exit status it expects."""
+    if log is None:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        tail = f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    else:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+        tail = log.read_text()[-6000:]
+    if check and proc.returncode != 0:
+        pytest.fail(f"job failed with rc {proc.returncode}:\n{tail}")
+    return proc
+
+
+def run_job(preset: str, overrides: list[str], outputs: Path, *, ray_address: str | None = None,
+            timeout: float = 240) -> subprocess.CompletedProcess:
+    """One CPU job of ``preset`` with ``overrides`` through :data:`RUNNER`; it must exit 0."""
+    return run(runner_command(preset, overrides), job_env(outputs, ray_address), timeout=timeout)
+
+
+def start(cmd: list[str], env: dict[str, str], **popen) -> subprocess.Popen:
+    """Start ``cmd`` in a session of its own (a test may signal its whole process group), its
+    stdout and stderr merged into ``.stdout`` unless ``popen`` says otherwise."""
+    kwargs = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True, "start_new_session": True}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, **(kwargs | popen))
+
+
+def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float) -> None:
+    """Until the job ``proc`` has marked its step-``step`` checkpoint in ``run_dir/checkpoints``
+    committed (verl's marker, rewritten after each commit); fails if the job ends first or
+    ``timeout`` passes."""
+    marker = run_dir / "checkpoints" / MARKER
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if marker.is_file() and marker.read_text().strip() == str(step):
+            return
+        if proc.poll() is not None:
+            out = proc.stdout.read()[-4000:] if proc.stdout else ""
+            raise AssertionError(f"run ended (rc {proc.returncode}) before its step-{step} checkpoint:\n{out}")
+        time.sleep(0.2)
+    raise AssertionError(f"no step-{step} checkpoint ({marker}) within {timeout} s")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    """The rows of the run's ``metrics.tsv``, one per step (numbers as floats)."""
+    return MetricsLog(run_dir / "metrics.tsv").rows
+
+
+def summary(run_dir: Path) -> dict:
+    """The run's ``summary.tsv`` (numbers as floats)."""
+    return read_summary(run_dir / "summary.tsv")
+
+
+def check_outputs(run_dir: Path, steps: int, required: tuple[str, ...]) -> list[dict]:
+    """A finished CPU run of the tiny task: every output file, one row per step with every
+    ``required`` metric finite (and every other float too), sane scores, lengths and timings, the
+    summary agreeing with the rows. Returns the rows."""
+    for name in ("metrics.tsv", "summary.tsv", "curves.png", "config.yaml", "train.log", "run.json"):
+        assert (run_dir / name).is_file(), f"{name} missing in {run_dir}"
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    for key in required:
+        values = [r.get(key) for r in rows]
+        assert all(isinstance(v, float) and math.isfinite(v) for v in values), f"{key}: {values}"
+    for r in rows:
+        for key, value in r.items():
+            if isinstance(value, float):
+                assert math.isfinite(value), f"step {r['step']}: {key}={value}"
+        assert 0.0 <= r["critic/score/mean"] <= 1.0
+        assert 1.0 <= r["response_length/mean"] <= 12.0
+        assert r["perf/throughput"] > 0 and r["timing_s/step"] >= r["timing_s/gen"] > 0
+    written = summary(run_dir)
+    assert written["steps"] == steps and written["first_score"] == rows[0]["critic/score/mean"]
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    return rows
+
+
+def assert_same_metrics(a: list[dict], b: list[dict], names: tuple[str, str] = ("uninterrupted", "resumed")) -> None:
+    """Rows ``a`` and ``b`` step by step (as many of each), every :data:`DETERMINISTIC` metric
+    bitwise equal; a difference is named by step, metric and ``names``."""
+    for ra, rb in zip(a, b, strict=True):
+        for key in DETERMINISTIC:
+            assert ra[key] == rb[key], f"step {ra['step']} {key}: {names[0]} {ra[key]} vs {names[1]} {rb[key]}"
+
+
+class Gate:
+    """A GPU gate case's record: named checks with their measured values, written to ``gate.json``
+    (device, date, command, summary, checks) before they are asserted, so that a failed case
+    still leaves its numbers for ``results/gpu_gate/``."""
+
+    def __init__(self, case: str, out: Path, cmd: list[str]) -> None:
+        self.case, self.out, self.cmd = case, out, cmd
+        self.checks: list[dict] = []
+
+    def check(self, name: str, ok: bool, measured: object, limit: object) -> None:
+        self.checks.append({"check": name, "ok": bool(ok), "measured": measured, "limit": limit})
+
+    def finish(self, summary: dict, extra: dict | None = None) -> None:
+        record = {
+            "case": self.case,
+            "device": _device_name(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            # The runner's source is this module's, not the case's: the record shows its overrides.
+            "command": " ".join(self.cmd[:2] + ["<runner>"] + self.cmd[3:]),
+            "summary": summary,
+            "checks": self.checks,
+            **(extra or {}),
+        }
+        (self.out / "gate.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+        failed = [c for c in self.checks if not c["ok"]]
+        assert not failed, f"{self.case}: failed checks {failed} (record in {self.out / 'gate.json'})"
+
+
+def _device_name() -> str:
+    import torch
+
+    return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
