@@ -14,7 +14,11 @@ with 0.1 for format, vLLM's 0.2 memory share, 8 sequences and 2048 batched token
 departs from the seed, on purpose: the policy and the task (real weights cannot be downloaded on
 the machines this suite proves itself on); learning rate 1e-5 instead of verl's default 1e-6 (the
 seed's rate is for pretrained weights; this policy was SFT'd at 3e-4 a minute ago); validation every
-10 steps on problems SFT never saw (the seed validated never). Later overrides on the command line win.
+10 steps on problems SFT never saw (the seed validated never); and ``use_dynamic_bsz`` for the update and
+the log-prob pass, so the seed's 4096-token budget takes effect (verl ignores the budget without it, and
+the seed's run then did micro-batches of one sample: 64 per rank per mini-batch, measured at 73-79 s a
+step on 2 H100s against 5.2-6.9 s with the budget, results/seed_scale/README.md). Later overrides on the
+command line win.
 """
 
 from __future__ import annotations
@@ -99,6 +103,8 @@ PRESETS["grpo_0p6b"] = [
     "actor_rollout_ref.actor.ppo_mini_batch_size=32",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+    "actor_rollout_ref.actor.use_dynamic_bsz=True",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
     "actor_rollout_ref.actor.deepspeed.zero_stage=2",
     "actor_rollout_ref.actor.deepspeed.offload=none",
     "data.train_batch_size=64",

@@ -54,9 +54,9 @@ class BuiltInPolicy:
         return ensure_tiny_policy(out_dir, self.recipe, torch.device(self.device_type), self.folder)
 
 
-# lr 3e-4 with 50 warm-up steps, betas (0.9, 0.95), batch 256: measured on one H100 from random init
-# (2026-11-24), held-out accuracy 0.07 / 0.48 / 0.84 at steps 50 / 100 / 150 on this task; the 10-step
-# check interval stops it near 0.3-0.45, leaving GRPO room as the tiny policy's threshold does.
+# lr 3e-4 with 50 warm-up steps, betas (0.9, 0.95), batch 256, pure bf16: on an H100 (2026-11-26) held-out
+# accuracy 0.06 / 0.145 / 0.27 / 0.47 at steps 50 / 60 / 70 / 80, so the 10-step check stopped it at 0.47
+# after 80 steps and 39 s (results/seed_scale/README.md): inside the 0.2-0.5 band that leaves GRPO room.
 QWEN3_0P6B_ARITH = SFTRecipe(shape=QWEN3_0P6B_SHAPE, batch_size=256, lr=3e-4, warmup_steps=50, betas=(0.9, 0.95),
                              weight_decay=0.0, dtype="bfloat16", threshold=0.3, max_steps=600)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.config import RunConfig
+from repro.config import RunConfig, critic_enabled
 from repro.data.policies import POLICIES, BuiltInPolicy, built_in, is_built_in
 from repro.run.checkpoints import MARKER, STEP_FORMAT, CheckpointStore
 
@@ -47,7 +47,9 @@ def outputs_root() -> Path:
 def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     """A copy of ``cfg`` whose model paths and data files name real folders and files."""
     cfg = copy.deepcopy(cfg)
-    models = [cfg.actor_rollout_ref.model, cfg.critic.model]
+    # The critic's model only where a critic runs: its default path is the tiny policy, which a
+    # GRPO run of another policy must not build (it cost the 0.6B run 30 s of a GPU machine).
+    models = [cfg.actor_rollout_ref.model] + ([cfg.critic.model] if critic_enabled(cfg) else [])
     for name in dict.fromkeys(m.path for m in models if is_built_in(m.path)):
         folder = _built_in_folder(built_in(name))
         for m in models:

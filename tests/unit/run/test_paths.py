@@ -6,7 +6,7 @@ import pytest
 
 from repro.config import RunConfig
 from repro.run.checkpoints import CheckpointStore
-from repro.run.paths import LATEST, choose_run_paths, latest_checkpoint, write_run_state
+from repro.run.paths import LATEST, choose_run_paths, latest_checkpoint, resolve_builtin_assets, write_run_state
 
 
 @pytest.fixture
@@ -91,3 +91,18 @@ def test_marker_naming_a_missing_step_is_not_trusted(tmp_path):
 def test_resume_path_must_name_a_step_folder(tmp_path):
     with pytest.raises(ValueError, match="global_step_<N>"):
         choose_run_paths(_cfg(resume_mode="resume_path", resume_from_path=str(tmp_path), output_dir=str(tmp_path / "o")))
+
+
+def test_a_run_without_a_critic_builds_no_policy_for_the_critics_default_path(tmp_path, monkeypatch):
+    # The critic's default model.path is the tiny policy; a GRPO run of another model must not build it.
+    monkeypatch.setenv("REPRO_CACHE_DIR", str(tmp_path / "cache"))
+    model = tmp_path / "model"
+    model.mkdir()
+    cfg = RunConfig()
+    cfg.actor_rollout_ref.model.path = str(model)
+    cfg.algorithm.adv_estimator = "grpo"
+    cfg.critic.enable = False
+    cfg.data.train_files = cfg.data.val_files = str(tmp_path / "x.parquet")
+    out = resolve_builtin_assets(cfg)
+    assert out.actor_rollout_ref.model.path == str(model) and out.critic.model.path == "tiny"
+    assert not (tmp_path / "cache").exists()
