@@ -22,6 +22,8 @@ configs (-cn):
   grpo_tiny     the embedded default job: GRPO of a 1 M-parameter Qwen3 on 2+1-digit addition,
                 2 ranks, ZeRO-2, 60 steps (about 3 minutes on 2 CPU cores)
   ppo_tiny      the same task with a critic and GAE
+  grpo_0p6b     the seed's GRPO command at its scale: a Qwen3-0.6B-shaped policy (built on a GPU the
+                first time), 2 GPUs, vLLM rollout, ZeRO-2, 60 steps (about 6 s a step on 2 H100s)
   ppo_trainer   verl's defaults (the default): bring actor_rollout_ref.model.path and data.*_files
 
 common keys:

@@ -98,7 +98,6 @@ PRESETS["grpo_0p6b"] = [
     "actor_rollout_ref.rollout.gpu_memory_utilization=0.2",
     "actor_rollout_ref.model.enable_gradient_checkpointing=True",
     "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.use_kl_loss=False",
     "actor_rollout_ref.actor.optim.lr=1e-5",
     "actor_rollout_ref.actor.ppo_mini_batch_size=32",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",

@@ -6,7 +6,13 @@ import pytest
 
 from repro.config import RunConfig
 from repro.run.checkpoints import CheckpointStore
-from repro.run.paths import LATEST, choose_run_paths, latest_checkpoint, resolve_builtin_assets, write_run_state
+from repro.run.paths import (
+    LATEST,
+    choose_run_paths,
+    latest_checkpoint,
+    resolve_builtin_assets,
+    write_run_state,
+)
 
 
 @pytest.fixture
