@@ -35,14 +35,52 @@ def _first_line(text: str) -> str:
     return lines[0] if lines else ""
 
 
+# What to change when a rank runs out of GPU memory, by the call it ran out in (at the seed's scale the
+# first thing a user meets): the keys that bound that call's memory.
+_OOM_KEYS = {
+    "create": "actor_rollout_ref.rollout.gpu_memory_utilization (vLLM's share) or actor_rollout_ref.actor.deepspeed.offload=cpu",
+    "generate": "actor_rollout_ref.rollout.gpu_memory_utilization, max_num_seqs or data.max_response_length",
+    "compute_log_prob": "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu (with log_prob_use_dynamic_bsz=True) "
+                        "or log_prob_micro_batch_size_per_gpu",
+    "update_actor": "actor_rollout_ref.actor.ppo_max_token_len_per_gpu (with use_dynamic_bsz=True) or "
+                    "ppo_micro_batch_size_per_gpu, actor_rollout_ref.model.enable_gradient_checkpointing=True, or "
+                    "actor_rollout_ref.actor.deepspeed.offload=cpu",
+    "update_critic": "critic.ppo_max_token_len_per_gpu (with use_dynamic_bsz=True) or critic.ppo_micro_batch_size_per_gpu, "
+                     "or critic.deepspeed_config.offload=cpu",
+}
+# vLLM's own words when its engine cannot fit its KV cache in the share it was given.
+_VLLM_NO_ROOM = re.compile(r"No available memory for the cache blocks|KV cache is needed|larger than the available KV cache",
+                           re.IGNORECASE)
+
+
+def advice(method: str, summary: str) -> str | None:
+    """The key to change for a failure whose cause is known (out of GPU memory, vLLM's engine not fitting)."""
+    if _VLLM_NO_ROOM.search(summary):
+        return ("vLLM's engine did not fit: raise actor_rollout_ref.rollout.gpu_memory_utilization or lower "
+                "actor_rollout_ref.rollout.max_model_len")
+    if "OutOfMemoryError" in summary or "CUDA out of memory" in summary:
+        keys = _OOM_KEYS.get(method, "the batch's token budgets or micro-batch sizes, or CPU offload")
+        return f"out of GPU memory in {method}: lower {keys}"
+    return None
+
+
 def to_worker_error(err: Exception, rank: int, host: str, method: str) -> WorkerError:
-    """The :class:`WorkerError` for ``err`` raised by rank ``rank``'s call of ``method``."""
+    """The :class:`WorkerError` for ``err`` raised by rank ``rank``'s call of ``method``; a known cause's
+    advice (:func:`advice`) ends its line."""
+    error = _to_worker_error(err, rank, host, method)
+    hint = None if error.died else advice(method, error.summary)
+    if hint:
+        return WorkerError(rank, host, method, f"{error.summary} -> {hint}", error.details, error.died)
+    return error
+
+
+def _to_worker_error(err: Exception, rank: int, host: str, method: str) -> WorkerError:
     import ray  # here, not at the top: the driver names WorkerError before it imports Ray
 
     if isinstance(err, ray.exceptions.RayTaskError):
         cause = err.cause
         if isinstance(cause, ray.exceptions.RayActorError):
-            return to_worker_error(cause, rank, host, method)
+            return _to_worker_error(cause, rank, host, method)
         summary = f"{type(cause).__name__}: {_first_line(cause)}" if cause is not None else _first_line(err)
         return WorkerError(rank, host, method, summary, str(err), died=False)
     if isinstance(err, ray.exceptions.RayActorError):

@@ -29,3 +29,30 @@ def test_a_dead_rank_is_named_with_rays_exit_type_and_detail_only():
                                      "(SYSTEM_ERROR: Worker unexpectedly exits with a connection error code 2.)")
     wrapped = to_worker_error(_task_error(died), 0, "10.0.0.3", "generate")
     assert wrapped.died and str(wrapped) == str(err)
+
+
+def test_out_of_gpu_memory_names_the_keys_that_bound_the_call_it_happened_in():
+    class OutOfMemoryError(RuntimeError):  # torch.OutOfMemoryError's name, as the remote traceback gives it
+        pass
+
+    oom = OutOfMemoryError("CUDA out of memory. Tried to allocate 2.32 GiB. GPU 0 has a total capacity of 79.19 GiB")
+    err = to_worker_error(_task_error(oom), 1, "10.0.0.2", "update_actor")
+    assert str(err).startswith("rank 1 on host 10.0.0.2 failed in update_actor: OutOfMemoryError: CUDA out of memory.")
+    assert str(err).endswith("-> out of GPU memory in update_actor: lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu "
+                             "(with use_dynamic_bsz=True) or ppo_micro_batch_size_per_gpu, actor_rollout_ref.model."
+                             "enable_gradient_checkpointing=True, or actor_rollout_ref.actor.deepspeed.offload=cpu")
+    assert "\n" not in str(err)
+    gen = to_worker_error(_task_error(oom), 0, "h", "generate")
+    assert "lower actor_rollout_ref.rollout.gpu_memory_utilization" in str(gen)
+
+
+def test_a_vllm_engine_that_cannot_fit_says_which_share_to_raise():
+    err = to_worker_error(_task_error(ValueError(
+        "No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine.")),
+        0, "h", "create")
+    assert str(err).endswith("-> vLLM's engine did not fit: raise actor_rollout_ref.rollout.gpu_memory_utilization or "
+                             "lower actor_rollout_ref.rollout.max_model_len")
+
+
+def test_an_error_of_no_known_cause_gets_no_advice():
+    assert "->" not in str(to_worker_error(_task_error(ValueError("boom")), 1, "h", "update_actor"))
