@@ -66,7 +66,9 @@ class DeepSpeedConfig:
     zero_stage: int = 2
     """ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)."""
     offload: str = "none"
-    """none, cpu or nvme; applied per stage by ``ds_config.resolve_offload`` (auto means cpu)."""
+    """none, cpu, nvme or auto (= cpu), by the stage-aware rule (``ds_config.resolve_offload``): ZeRO-1/2
+    offload the optimizer states, ZeRO-3 also the parameters with ``param_offload``; nvme needs ZeRO-3 and
+    ``offload_dir``."""
     offload_dir: str | None = None
     """Directory for NVMe offload swap files (required with ``offload=nvme``)."""
     model_dtype: str = "auto"

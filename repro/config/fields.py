@@ -6,6 +6,8 @@ that implement them (``repro.rl.algorithms``, ``advantages``, ``policy_losses``)
 
 from __future__ import annotations
 
+import ast
+import inspect
 from typing import Any
 
 ZERO_STAGES = (1, 2, 3)
@@ -118,6 +120,25 @@ def _check_trainer_role(role: Any) -> None:
     _positive(role, "loss_scale_factor", allow_none=True)
     _check_sp_size(role)
 
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (and of its dataclass bases), read from
+    the source: ``{name: cleaned text}``, a field without one left out. Subclasses win."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if "__dataclass_fields__" not in vars(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (a class built at run time)
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, nxt in zip(body, body[1:], strict=False):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
 
 
 POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")
