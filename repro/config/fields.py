@@ -97,7 +97,7 @@ def revalidate(section: Any) -> None:
     section.__post_init__()
 
 
-def _check_sp_size(section: Any) -> None:
+def check_sp_size(section: Any) -> None:
     """``ulysses_sequence_parallel_size`` of any section that has one (the actor, the critic, verl's
     DeepSpeed engine section): an integer >= 1. Whether it divides the world is the batch plan's
     rule (``repro.batching.plan.data_parallel_size``), and one size for every role the run config's
@@ -118,7 +118,7 @@ def _check_trainer_role(role: Any) -> None:
     _positive(role, "ppo_epochs")
     _choice(role, "loss_agg_mode", LOSS_AGG_MODES)
     _positive(role, "loss_scale_factor", allow_none=True)
-    _check_sp_size(role)
+    check_sp_size(role)
 
 
 def field_docs(cls: type) -> dict[str, str]:

@@ -21,6 +21,7 @@ from verl.workers.config.engine import EngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
 from repro.config import ModelConfig, OptimConfig
+from repro.config.ds_config import OffloadPlan
 from repro.config.fields import WARMUP_STYLES
 from repro.integrations.verl.engine_keys import STRATEGY, DeepSpeedEngineKeys, bad_key
 
@@ -35,8 +36,10 @@ class DeepSpeedEngineConfig(DeepSpeedEngineKeys, EngineConfig):
     def __post_init__(self) -> None:
         EngineConfig.__post_init__(self)
         DeepSpeedEngineKeys.__post_init__(self)
+
+    def check_offload(self, plan: OffloadPlan) -> None:
         # verl's generic offload flag may restate the DeepSpeed keys, never contradict them.
-        if self.optimizer_offload and self.offload_plan().optimizer == "none":
+        if self.optimizer_offload and plan.optimizer == "none":
             raise bad_key("optimizer_offload", True, f"contradicts deepspeed.offload={self.offload!r}; "
                           "offload optimizer states with deepspeed.offload=cpu (choices: none, cpu, nvme, auto)")
 

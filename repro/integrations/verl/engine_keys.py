@@ -22,7 +22,7 @@ from typing import Any
 
 from repro.config import ConfigFieldError, DeepSpeedConfig, resolve_env_knobs
 from repro.config.ds_config import OffloadPlan, resolve_offload
-from repro.config.fields import _check_sp_size, field_docs
+from repro.config.fields import check_sp_size, field_docs
 
 STRATEGY = "deepspeed"
 # verl's EngineConfig.dtype values -> repro's DeepSpeedConfig.model_dtype.
@@ -70,11 +70,15 @@ class DeepSpeedEngineKeys(DeepSpeedConfig):
         if self.dtype is not None and self.model_dtype != "auto" and DTYPES[self.dtype] != self.model_dtype:
             raise bad_key("dtype", self.dtype, f"contradicts deepspeed.model_dtype={self.model_dtype!r}; set one of them")
         try:
-            _check_sp_size(self)
+            check_sp_size(self)
             super().__post_init__()  # repro's validation of every DeepSpeed key, named as verl's key
         except ConfigFieldError as err:
             raise ValueError(err.at("deepspeed")) from None
-        self.offload_plan()  # the stage-aware offload rule (nvme needs ZeRO-3 and offload_dir); env knobs read
+        # The stage-aware offload rule (nvme needs ZeRO-3 and offload_dir), env knobs read.
+        self.check_offload(self.offload_plan())
+
+    def check_offload(self, plan: OffloadPlan) -> None:
+        """What a subclass's own keys must agree with in the offload plan (verl's ``optimizer_offload``)."""
 
     def repro_deepspeed(self) -> DeepSpeedConfig:
         """repro's DeepSpeed section with every one of its keys from here, env knobs read (``resolve_env_knobs``)."""
