@@ -268,7 +268,7 @@ def test_sequence_parallel_is_accepted_with_one_size_per_process():
 
 
 def test_sequence_parallel_size_is_checked_once_for_every_role():
-    """One check (repro.config.fields._check_sp_size) for the actor's and the critic's key, named in full."""
+    """One check (repro.config.fields.check_sp_size) for the actor's and the critic's key, named in full."""
     for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
         with pytest.raises(ValueError, match=rf"^{key}=0 must be an integer >= 1$"):
             load([f"{key}=0"])
