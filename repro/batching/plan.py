@@ -88,6 +88,20 @@ class BatchParams:
     """Config path of the role's section, used in messages."""
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def data_parallel_size(world: int, sp: int, key: str, world_from: str = "") -> int:
+    """``dp = world / sp``: the one check that a sequence-parallel size divides the world (repro's
+    batch plan and verl's engine both ask); :class:`BatchPlanError` naming ``key`` and the divisors
+    otherwise. ``world_from`` says where the world size comes from, in the message."""
+    if world % sp:
+        raise BatchPlanError(f"{key}={sp} does not divide the world size {world}{world_from}; it must be one of "
+                             f"{_divisors(world)}", [key], {})
+    return world // sp
+
+
 def plan_batch(p: BatchParams) -> RoleBatchPlan:
     """Validate ``p`` and derive the plan; raises :class:`BatchPlanError` naming keys and fixes."""
     return _plan(p, suggest=True)
@@ -112,22 +126,16 @@ def _plan(p: BatchParams, suggest: bool) -> RoleBatchPlan:
             raise BatchPlanError(f"{key}={value!r} must be a positive integer", [key], {})
 
     world = p.n_gpus_per_node * p.nnodes
-    if world % p.sp:
-        divisors = [d for d in range(1, world + 1) if world % d == 0]
-        message = (
-            f"{k_sp}={p.sp} does not divide the world size {world} ({K_NGPUS}={p.n_gpus_per_node} x "
-            f"{K_NNODES}={p.nnodes}); it must be one of {divisors}"
-        )
+    try:
+        dp = data_parallel_size(world, p.sp, k_sp, f" ({K_NGPUS}={p.n_gpus_per_node} x {K_NNODES}={p.nnodes})")
+    except BatchPlanError as err:
+        keys = [k_sp, K_NGPUS, K_NNODES]
         if not suggest:
-            raise BatchPlanError(message, [k_sp, K_NGPUS, K_NNODES], {})
-        valid = [d for d in divisors if _is_valid(replace(p, sp=d))]
-        message += (
-            f". Valid values with the other keys as they are: {valid}"
-            if valid
-            else ", but none of those passes the other rules"
-        )
-        raise BatchPlanError(message, [k_sp, K_NGPUS, K_NNODES], {k_sp: valid})
-    dp = world // p.sp
+            raise BatchPlanError(str(err), keys, {}) from None
+        valid = [d for d in _divisors(world) if _is_valid(replace(p, sp=d))]
+        more = f". Valid values with the other keys as they are: {valid}" if valid else (
+            ", but none of those passes the other rules")
+        raise BatchPlanError(str(err) + more, keys, {k_sp: valid}) from None
     dp_words = (
         f"dp={dp} data-parallel ranks ({K_NGPUS}={p.n_gpus_per_node} x {K_NNODES}={p.nnodes} = world {world}, "
         f"divided by {k_sp}={p.sp})"

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from repro.config.fields import MODEL_DTYPES, OFFLOAD_CHOICES, ZERO_STAGES
+from repro.config.fields import revalidate
 from repro.config.zero3 import DEEPSPEED_REDUCE_BUCKET_SIZE, SIZE_KEYS, ModelSize, Zero3Size, zero3_sizes
 
 if TYPE_CHECKING:
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 # DeepSpeed prints a progress line every ``steps_per_print`` steps; the workers log their own.
 _STEPS_PER_PRINT = 10**9
-
-_SCHEDULERS = {"constant": "WarmupLR", "linear": "WarmupDecayLR", "cosine": "WarmupCosineLR"}
 
 
 @dataclass(frozen=True)
@@ -51,12 +49,9 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
     ``tests/distributed/workers/test_placement.py``).
     ``nvme`` is ZeRO-Infinity: it needs ZeRO-3 and ``deepspeed.offload_dir``, else it is refused
     (it is never turned into CPU offload behind the user's back). ``key`` is the config section
-    that errors name (e.g. ``critic.deepspeed_config``).
+    that errors name (e.g. ``critic.deepspeed_config``). ``zero_stage`` and ``offload`` are a
+    :class:`~repro.config.DeepSpeedConfig`'s, already valid (its ``__post_init__`` checks them).
     """
-    if zero_stage not in ZERO_STAGES:
-        raise ValueError(f"deepspeed.zero_stage={zero_stage!r} is not valid; choose one of {list(ZERO_STAGES)}")
-    if offload not in OFFLOAD_CHOICES:
-        raise ValueError(f"deepspeed.offload={offload!r} is not valid; choose one of {list(OFFLOAD_CHOICES)}")
     device = "cpu" if offload == "auto" else offload
     if device == "none":
         return OffloadPlan("none", "none", None, None)
@@ -77,11 +72,9 @@ def resolve_offload(zero_stage: int, offload: str, param_offload: bool, offload_
 
 
 def resolve_model_dtype(model_dtype: str, on_cuda: bool) -> str:
-    """``bfloat16`` or ``float32``; ``auto`` is bf16 on CUDA and fp32 on CPU."""
+    """``bfloat16`` or ``float32``; ``auto`` is bf16 on CUDA and fp32 on CPU (``model_dtype`` is a valid one)."""
     if model_dtype == "auto":
         return "bfloat16" if on_cuda else "float32"
-    if model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"deepspeed.model_dtype={model_dtype!r} is not valid; choose one of {list(MODEL_DTYPES)}")
     return model_dtype
 
 
@@ -108,8 +101,7 @@ def build_scheduler(optim: OptimConfig) -> dict[str, Any] | None:
     floor, ``min_lr_ratio * lr``, so without warm-up it still rises over DeepSpeed's 2-step
     minimum. DeepSpeed applies the scheduler's start value to the first optimizer step.
     """
-    if optim.warmup_style not in _SCHEDULERS:
-        raise ValueError(f"optim.warmup_style={optim.warmup_style!r} is not valid; choose one of {list(_SCHEDULERS)}")
+    revalidate(optim)
     warmup = resolve_warmup_steps(optim)
     if optim.warmup_style == "constant":
         if warmup == 0:
@@ -165,6 +157,8 @@ def build_ds_config(
     optimizer offload; ZeRO-3 then only shards (and optionally offloads) the parameters.
     ``model_size`` sizes ZeRO-3's buckets (:func:`role_zero3_sizes`); without it they are DeepSpeed's.
     """
+    revalidate(ds)
+    revalidate(optim)
     dtype = resolve_model_dtype(ds.model_dtype, on_cuda)
     offload = resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir)
     zero: dict[str, Any] = {

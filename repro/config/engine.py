@@ -26,6 +26,15 @@ ENV_FP32_ACCUM = "VERL_DS_ZERO2_FP32_ACCUM_PATCH"
 ENV_STEP_EACH_MICRO = "VERL_DS_ZERO2_STEP_EACH_MICRO"
 
 
+ENV_KNOBS = {
+    ENV_PARAM_OFFLOAD: "param_offload",
+    ENV_FP32_ACCUM: "fp32_grad_accum",
+    ENV_STEP_EACH_MICRO: "step_each_micro",
+}
+"""Each DeepSpeed environment knob and the :class:`DeepSpeedConfig` key whose default (None) it is;
+docs/config.md's table of environment variables names the same pairs (a unit test holds it)."""
+
+
 @dataclass
 class OptimConfig:
     lr: float = 1e-6
@@ -66,7 +75,9 @@ class DeepSpeedConfig:
     zero_stage: int = 2
     """ZeRO stage: 1 (optimizer states), 2 (+ gradients), 3 (+ parameters)."""
     offload: str = "none"
-    """none, cpu or nvme; applied per stage by ``ds_config.resolve_offload`` (auto means cpu)."""
+    """none, cpu, nvme or auto (= cpu), by the stage-aware rule (``ds_config.resolve_offload``): ZeRO-1/2
+    offload the optimizer states, ZeRO-3 also the parameters with ``param_offload``; nvme needs ZeRO-3 and
+    ``offload_dir``."""
     offload_dir: str | None = None
     """Directory for NVMe offload swap files (required with ``offload=nvme``)."""
     model_dtype: str = "auto"
@@ -146,10 +157,7 @@ def _env_flag(environ: dict[str, str], name: str) -> bool | None:
 def resolve_env_knobs(ds: DeepSpeedConfig, environ: dict[str, str] | None = None) -> DeepSpeedConfig:
     """Fill the knobs left at None from the DeepSpeed environment variables (read once, here)."""
     environ = dict(os.environ) if environ is None else environ
-    if ds.param_offload is None:
-        ds.param_offload = bool(_env_flag(environ, ENV_PARAM_OFFLOAD))
-    if ds.fp32_grad_accum is None:
-        ds.fp32_grad_accum = bool(_env_flag(environ, ENV_FP32_ACCUM))
-    if ds.step_each_micro is None:
-        ds.step_each_micro = bool(_env_flag(environ, ENV_STEP_EACH_MICRO))
+    for env, key in ENV_KNOBS.items():
+        if getattr(ds, key) is None:
+            setattr(ds, key, bool(_env_flag(environ, env)))
     return ds

@@ -6,6 +6,8 @@ that implement them (``repro.rl.algorithms``, ``advantages``, ``policy_losses``)
 
 from __future__ import annotations
 
+import ast
+import inspect
 from typing import Any
 
 ZERO_STAGES = (1, 2, 3)
@@ -88,8 +90,25 @@ def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
         _fail(obj, name, "must be a positive number", value)
 
 
+def revalidate(section: Any) -> None:
+    """Run a config section's own checks again (its ``__post_init__``, the one place its keys are
+    validated). The DeepSpeed boundary (``repro.config.ds_config``) calls it, so a section edited
+    after it was built is refused there with the message it would have got when built."""
+    section.__post_init__()
+
+
+def check_sp_size(section: Any) -> None:
+    """``ulysses_sequence_parallel_size`` of any section that has one (the actor, the critic, verl's
+    DeepSpeed engine section): an integer >= 1. Whether it divides the world is the batch plan's
+    rule (``repro.batching.plan.data_parallel_size``), and one size for every role the run config's
+    (``repro.config.rules.validate_run_config``)."""
+    value = section.ulysses_sequence_parallel_size
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _fail(section, "ulysses_sequence_parallel_size", "must be an integer >= 1")
+
+
 def _check_trainer_role(role: Any) -> None:
-    """The checks the actor and the critic share: backend, batch sizes, loss reduction."""
+    """The checks the actor and the critic share: backend, batch sizes, loss reduction, SP size."""
     if role.strategy != "deepspeed":
         _fail(role, "strategy", "is not supported here; choose one of ['deepspeed']")
     _positive(role, "ppo_mini_batch_size")
@@ -99,6 +118,27 @@ def _check_trainer_role(role: Any) -> None:
     _positive(role, "ppo_epochs")
     _choice(role, "loss_agg_mode", LOSS_AGG_MODES)
     _positive(role, "loss_scale_factor", allow_none=True)
+    check_sp_size(role)
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of dataclass ``cls`` (and of its dataclass bases), read from
+    the source: ``{name: cleaned text}``, a field without one left out. Subclasses win."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if "__dataclass_fields__" not in vars(klass):
+            continue
+        try:
+            tree = ast.parse(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (a class built at run time)
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for stmt, nxt in zip(body, body[1:], strict=False):
+            if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[stmt.target.id] = inspect.cleandoc(nxt.value.value)
+    return docs
 
 
 POLICY_LOSS_MODES = ("vanilla", "gspo", "gpg", "cispo", "geo_mean", "clip_cov", "kl_cov")

@@ -14,9 +14,7 @@ from typing import Any
 
 from repro.batching.plan import RoleBatchPlan
 from repro.config import (
-    ENV_FP32_ACCUM,
-    ENV_PARAM_OFFLOAD,
-    ENV_STEP_EACH_MICRO,
+    ENV_KNOBS,
     DeepSpeedConfig,
     RunConfig,
     critic_enabled,
@@ -25,12 +23,6 @@ from repro.config import (
 from repro.config.rules import plan_role_batch
 
 ROLES = ("actor", "critic", "ref")
-# env knob -> the DeepSpeedConfig field it fills.
-ENV_KNOB_FIELDS = {
-    ENV_PARAM_OFFLOAD: "param_offload",
-    ENV_FP32_ACCUM: "fp32_grad_accum",
-    ENV_STEP_EACH_MICRO: "step_each_micro",
-}
 
 
 def resolve_on_cuda(cfg: RunConfig) -> bool:
@@ -130,7 +122,7 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
             "enabled": True,
             "deepspeed": role_ds_config(cfg, role, on_cuda=on_cuda),
             "offload": dataclasses.asdict(offload),
-            "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOB_FIELDS.items()},
+            "knobs": {knob: getattr(ds, name) for knob, name in ENV_KNOBS.items()},
             "zero3_leaf_modules": _zero3_leaves(cfg, role, ds),
         }
         sizes = role_zero3_sizes(ds, role_model_size(cfg, role, ds))
@@ -139,7 +131,7 @@ def effective_plan(cfg: RunConfig, *, on_cuda: bool | None = None) -> dict[str, 
         if role != "ref":
             out["batch"][role] = dataclasses.asdict(role_batch_plan(cfg, role))
     actor_ds = role_deepspeed_section(cfg, "actor")
-    out["env_knobs"] = {knob: getattr(actor_ds, name) for knob, name in ENV_KNOB_FIELDS.items()}
+    out["env_knobs"] = {knob: getattr(actor_ds, name) for knob, name in ENV_KNOBS.items()}
     config = dataclasses.asdict(cfg)
     config.pop("defaults", None)
     out["config"] = config

@@ -113,7 +113,8 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     """KL estimator of the KL loss."""
     ulysses_sequence_parallel_size: int = 1
-    """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
+    """Ulysses sequence-parallel group size (repro.workers.ulysses): an integer >= 1 that divides the world
+    size; roles with sp > 1 share one size."""
     grad_clip: float = 1.0
     """Gradient-norm clip (0 disables)."""
     data_loader_seed: int | None = None
@@ -132,8 +133,6 @@ class ActorConfig:
         _choice(self, "kl_loss_type", KL_LOSS_TYPES)
         if self.clip_ratio_c <= 1.0:
             _fail(self, "clip_ratio_c", "must be > 1 (dual clip)")
-        if self.ulysses_sequence_parallel_size < 1:
-            _fail(self, "ulysses_sequence_parallel_size", "must be >= 1")
 
 
 @dataclass
@@ -257,7 +256,8 @@ class CriticConfig:
     grad_clip: float = 1.0
     """Gradient-norm clip (0 disables)."""
     ulysses_sequence_parallel_size: int = 1
-    """Sequence-parallel degree; only 1 is implemented for DeepSpeed workers."""
+    """Ulysses sequence-parallel group size (repro.workers.ulysses): an integer >= 1 that divides the world
+    size; roles with sp > 1 share one size."""
     data_loader_seed: int | None = None
     """Seed of the shuffle between epochs; defaults to data.seed."""
     deepspeed_config: DeepSpeedConfig = field(default_factory=DeepSpeedConfig)
@@ -265,5 +265,3 @@ class CriticConfig:
 
     def __post_init__(self) -> None:
         _check_trainer_role(self)
-        if self.ulysses_sequence_parallel_size < 1:
-            _fail(self, "ulysses_sequence_parallel_size", "must be >= 1")

@@ -2,9 +2,11 @@
 
 Owns: the ``BaseEngine`` subclasses registered with verl for ``language_model`` and
 ``value_model``, backend ``deepspeed``, devices cuda and cpu (:mod:`.engine`); the engine and role
-config dataclasses (:mod:`.config`); the micro-batch <-> model adapter (:mod:`.model_io`); the
-engine's checkpoint folder (:mod:`.checkpointing`); and the Hydra yamls verl's trainer composes
-(``hydra_config/``: ``model_engine/deepspeed.yaml`` and the actor, ref, critic, engine, optim sections).
+config dataclasses (:mod:`.config`), whose DeepSpeed keys are repro's own (:mod:`.engine_keys`, which
+needs no verl and generates ``hydra_config/engine/deepspeed.yaml``); the micro-batch <-> model
+adapter (:mod:`.model_io`); the engine's checkpoint folder (:mod:`.checkpointing`); and the Hydra
+yamls verl's trainer composes (``hydra_config/``: ``model_engine/deepspeed.yaml`` and the actor, ref,
+critic, engine, optim sections).
 
 May import anything in repro below it (workers, ds_config, config, checkpoint_store, ...) and
 verl; nothing in repro imports it, and repro's core environment never imports verl.

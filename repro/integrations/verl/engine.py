@@ -28,9 +28,8 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine.base import BaseEngine, BaseEngineCtx, EngineRegistry
 from verl.workers.engine.utils import detach_tree, postprocess_batch_func, prepare_micro_batches
 
-from repro.batching.plan import RoleBatchPlan
+from repro.batching.plan import RoleBatchPlan, data_parallel_size
 from repro.cluster.process_group import init_distributed
-from repro.config.ds_config import resolve_offload
 from repro.integrations.verl import model_io
 from repro.integrations.verl.checkpointing import load_engine, save_engine
 from repro.integrations.verl.config import repro_model, repro_optim
@@ -70,8 +69,7 @@ class DeepSpeedEngine(BaseEngine):
         self.ds = engine_config.repro_deepspeed()
         self.sp = int(engine_config.ulysses_sequence_parallel_size)
         self.forward_only = bool(engine_config.forward_only) or optimizer_config is None
-        self.offload = resolve_offload(self.ds.zero_stage, self.ds.offload, bool(self.ds.param_offload),
-                                       self.ds.offload_dir)
+        self.offload = engine_config.offload_plan(self.ds)
         self.role: RoleEngine | None = None
         self.mode: str | None = None
         self._dp_group: Any = None
@@ -80,10 +78,7 @@ class DeepSpeedEngine(BaseEngine):
     def initialize(self) -> None:
         init_distributed()  # reuses verl's process group; DeepSpeed's comm joins it
         world = dist.get_world_size()
-        if world % self.sp:
-            raise ValueError(f"deepspeed.ulysses_sequence_parallel_size={self.sp} does not divide the "
-                             f"world size {world}; choose a divisor of {world}")
-        dp = world // self.sp
+        dp = data_parallel_size(world, self.sp, "deepspeed.ulysses_sequence_parallel_size")
         torch.manual_seed(self.engine_config.seed)  # weights new to the checkpoint (critic head) alike on all ranks
         use_lora = not self.value_head and not self.forward_only and self.model_config.lora_rank > 0
         model_cfg = repro_model(self.model_config, lora=use_lora)

@@ -10,6 +10,7 @@ from hypothesis import assume, given
 from repro.batching.plan import (
     BatchParams,
     BatchPlanError,
+    data_parallel_size,
     plan_batch,
     sample_layout,
 )
@@ -191,6 +192,14 @@ def test_sequence_parallel_size_must_divide_world():
         BatchPlanError, match=r"ulysses_sequence_parallel_size=3 does not divide.*one of \[1, 2, 4\]"
     ):
         plan_batch(replace(PR_ACTOR, n_gpus_per_node=4, sp=3))
+
+
+def test_data_parallel_size_is_the_one_divide_check():
+    """repro's plan and verl's engine (deepspeed.ulysses_sequence_parallel_size) ask the same function."""
+    assert data_parallel_size(4, 2, "k") == 2
+    with pytest.raises(BatchPlanError, match=r"^deepspeed\.ulysses_sequence_parallel_size=3 does not divide the world "
+                                             r"size 4; it must be one of \[1, 2, 4\]$"):
+        data_parallel_size(4, 3, "deepspeed.ulysses_sequence_parallel_size")
 
 
 def test_dynamic_budget_below_longest_sequence_is_refused():

@@ -267,6 +267,17 @@ def test_sequence_parallel_is_accepted_with_one_size_per_process():
                                        critic__ulysses_sequence_parallel_size=4, trainer__n_gpus_per_node=4))
 
 
+def test_sequence_parallel_size_is_checked_once_for_every_role():
+    """One check (repro.config.fields.check_sp_size) for the actor's and the critic's key, named in full."""
+    for key in ("actor_rollout_ref.actor.ulysses_sequence_parallel_size", "critic.ulysses_sequence_parallel_size"):
+        with pytest.raises(ValueError, match=rf"^{key}=0 must be an integer >= 1$"):
+            load([f"{key}=0"])
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.ulysses_sequence_parallel_size=3 does not divide "
+                                         r"the world size 2 \(trainer\.n_gpus_per_node=2 x trainer\.nnodes=1\); "
+                                         r"it must be one of \[1, 2\]"):
+        load(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=3"])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_vllm_without_vllm_fails_a_real_run_and_warns_in_a_dry_run():
     with pytest.raises(ValueError, match=r"rollout\.name=vllm needs the vllm package.*rollout\.name=hf"):

@@ -70,6 +70,20 @@ def test_nvme_without_dir_or_below_zero3_is_refused():
         resolve_offload(2, "nvme", False, "/nvme")
 
 
+def test_the_boundary_rechecks_a_section_edited_after_it_was_built():
+    """build_ds_config re-runs each section's own checks (the one place its keys are validated)
+    instead of restating them: an edited section gets the message it would have got when built."""
+    for key, bad in (("zero_stage", 4), ("offload", "disk"), ("model_dtype", "fp16")):
+        ds = DeepSpeedConfig()
+        setattr(ds, key, bad)
+        with pytest.raises(ValueError, match=rf"^DeepSpeedConfig\.{key}={bad!r} is not valid; choose one of"):
+            build_ds_config(ds, OptimConfig(), BENCH_PLAN, grad_clip=1.0, on_cuda=True)
+    optim = OptimConfig()
+    optim.warmup_style = "polynomial"
+    with pytest.raises(ValueError, match=r"^OptimConfig\.warmup_style='polynomial' is not valid; choose one of"):
+        build_scheduler(optim)
+
+
 def test_cpu_defaults_to_fp32_and_torch_adam_even_with_offload():
     ds = DeepSpeedConfig(zero_stage=3, offload="cpu", param_offload=True, fp32_grad_accum=True)
     cfg = build_ds_config(ds, OptimConfig(), BENCH_PLAN, grad_clip=0.0, on_cuda=False)

@@ -94,6 +94,37 @@ def test_model_engine_deepspeed_composes_actor_ref_and_critic() -> None:
     assert isinstance(critic, DeepSpeedCriticConfig) and critic.engine.zero_stage == 1
 
 
+def test_engine_config_is_repros_deepspeed_section_and_verls_engine_config() -> None:
+    """Every key is DeepSpeedEngineKeys' (repro's DeepSpeedConfig + verl's three) or verl's EngineConfig's;
+    the generic keys the yaml sets are EngineConfig's (tests/unit/config/test_verl_engine_keys.py: the yaml)."""
+    from dataclasses import fields
+
+    from verl.workers.config.engine import EngineConfig
+
+    from repro.integrations.verl.config import DeepSpeedEngineConfig
+    from repro.integrations.verl.engine_keys import VERL_ENGINE_KEYS, DeepSpeedEngineKeys
+
+    ours = {f.name for f in fields(DeepSpeedEngineKeys)}
+    verls = {f.name for f in fields(EngineConfig)}
+    assert {f.name for f in fields(DeepSpeedEngineConfig)} == ours | verls
+    assert set(VERL_ENGINE_KEYS) <= verls
+    defaults = {f.name: f.default for f in fields(DeepSpeedEngineConfig)}
+    assert all(defaults[f.name] == f.default for f in fields(DeepSpeedEngineKeys))  # repro's defaults win
+
+
+def test_every_deepspeed_key_can_be_set_through_verl() -> None:
+    """The ZeRO-3 sizes and the size-aware switch (missing from the hand-written section before) reach repro."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    p = "actor_rollout_ref.actor.deepspeed."
+    actor = omega_conf_to_dataclass(_compose(f"{p}zero_stage=3", f"{p}stage3_prefetch_bucket_size=123",
+                                             f"{p}stage3_param_persistence_threshold=45", f"{p}zero3_size_aware=true",
+                                             f"{p}reduce_bucket_size=678").actor_rollout_ref.actor)
+    ds = actor.engine.repro_deepspeed()
+    assert (ds.zero_stage, ds.stage3_prefetch_bucket_size, ds.stage3_param_persistence_threshold,
+            ds.zero3_size_aware, ds.reduce_bucket_size) == (3, 123, 45, True, 678)
+
+
 @pytest.mark.parametrize("override,message", [
     ("+actor_rollout_ref.actor.deepspeed.zero_stagee=1",
      "deepspeed.zero_stagee is not a key of the DeepSpeed engine; choose from ["),
@@ -103,6 +134,10 @@ def test_model_engine_deepspeed_composes_actor_ref_and_critic() -> None:
     ("actor_rollout_ref.actor.deepspeed.optimizer_offload=true",
      "deepspeed.optimizer_offload=True contradicts deepspeed.offload='none'"),
     ("actor_rollout_ref.actor.deepspeed.offload=nvme", "offload=nvme needs deepspeed.zero_stage=3"),
+    ("actor_rollout_ref.actor.deepspeed.ulysses_sequence_parallel_size=0",
+     "deepspeed.ulysses_sequence_parallel_size=0 must be an integer >= 1"),
+    ("actor_rollout_ref.actor.deepspeed.stage3_prefetch_bucket_size=-1",
+     "deepspeed.stage3_prefetch_bucket_size=-1 must be an integer >= 0"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=polynomial",
      "optim.lr_scheduler_type='polynomial' is not valid for the DeepSpeed engine; choose one of"),
 ])
