@@ -16,7 +16,7 @@ from repro.batching.plan import ROLE_PREFIXES, BatchParams, RoleBatchPlan, plan_
 from repro.config import NO_EFFECT_KEYS, RunConfig, critic_enabled, ref_policy_used
 from repro.config.ds_config import resolve_offload
 from repro.config.vllm import engine_kwargs as vllm_engine_kwargs
-from repro.data.policies import POLICIES, is_built_in
+from repro.data.policies import NAMES, is_built_in
 
 KNOWN_LOGGERS = ("console", "file")
 # Rollout keys that the vLLM rollout would use; they only warn as no-effect with the hf rollout.
@@ -138,7 +138,7 @@ def _check_paths(cfg: RunConfig, use_critic: bool, dry: bool) -> list[str]:
         if not is_built_in(model.path) and not pathlib.Path(model.path).is_dir():
             problems.append(
                 f"{path}.path={model.path!r} is not a local directory (models are not downloaded "
-                f"here; use a local Hugging Face model directory or a built-in policy: {', '.join(POLICIES)})"
+                f"here; use a local Hugging Face model directory or a built-in policy: {', '.join(NAMES)})"
             )
         if model.tokenizer_path and not pathlib.Path(model.tokenizer_path).is_dir():
             problems.append(f"{path}.tokenizer_path={model.tokenizer_path!r} is not a local directory")

@@ -145,10 +145,10 @@ def model_size_for_path(path: str) -> ModelSize | None:
 
     A built-in policy (``tiny``, ...) is sized from its recipe.
     """
-    from repro.data.policies import POLICIES
+    from repro.data.policies import built_in, is_built_in
 
-    if path in POLICIES:
-        return ModelSize(POLICIES[path].recipe.shape.hidden_size)
+    if is_built_in(path):
+        return ModelSize(built_in(path).recipe.shape.hidden_size)
     file = os.path.join(path, "config.json")
     if not os.path.isfile(file):
         return None
@@ -175,9 +175,9 @@ def leaf_names_for_path(path: str) -> list[str] | None:
     import transformers
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-    from repro.data.policies import POLICIES
+    from repro.data.policies import is_built_in
 
-    if path in POLICIES:
+    if is_built_in(path):
         model_type = "qwen3"
     else:
         config = os.path.join(path, "config.json")

@@ -15,14 +15,20 @@ Each is cached under ``$REPRO_CACHE_DIR/<name>/<recipe key>`` (the tiny one keep
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+# Names only at import: the config rules and the resume check ask "is this a built-in name?" before a
+# run imports torch (main_ppo refuses a changed resume in a fraction of a second); recipes load on use.
+BUILT_ON = {"tiny": "cpu", "qwen3-0.6b-arith": "cuda"}
+"""Each built-in policy and the device its build runs on (part of its cache key)."""
+NAMES = tuple(BUILT_ON)
 
-from repro.data.sft import SFTRecipe, cached_policy_dir, ensure_tiny_policy, read_report
-from repro.data.tiny_model import QWEN3_0P6B_SHAPE
+if TYPE_CHECKING:
+    from repro.data.sft import SFTRecipe
 
 
 @dataclass(frozen=True)
@@ -39,13 +45,21 @@ class BuiltInPolicy:
     """About how long the build takes there (said before a run starts one)."""
 
     def cached(self) -> Path:
+        from repro.data.sft import cached_policy_dir
+
         return cached_policy_dir(self.recipe, self.device_type, self.folder)
 
     def is_built(self) -> bool:
+        from repro.data.sft import read_report
+
         return read_report(self.cached()) is not None
 
     def ensure(self, out_dir: str | os.PathLike[str] | None = None) -> Path:
         """The built policy's folder (copied to ``out_dir`` when given), building it if needed."""
+        import torch
+
+        from repro.data.sft import ensure_tiny_policy
+
         if self.device_type == "cuda" and not self.is_built() and not torch.cuda.is_available():
             raise ValueError(
                 f"model.path={self.name} is built on a CUDA GPU and none is visible here: build it on a GPU machine "
@@ -57,23 +71,25 @@ class BuiltInPolicy:
 # lr 3e-4 with 50 warm-up steps, betas (0.9, 0.95), batch 256, pure bf16: on an H100 (2026-11-26) held-out
 # accuracy 0.06 / 0.145 / 0.27 / 0.47 at steps 50 / 60 / 70 / 80, so the 10-step check stopped it at 0.47
 # after 80 steps and 39 s (results/seed_scale/README.md): inside the 0.2-0.5 band that leaves GRPO room.
-QWEN3_0P6B_ARITH = SFTRecipe(shape=QWEN3_0P6B_SHAPE, batch_size=256, lr=3e-4, warmup_steps=50, betas=(0.9, 0.95),
-                             weight_decay=0.0, dtype="bfloat16", threshold=0.3, max_steps=600)
+@functools.cache
+def _registry() -> dict[str, BuiltInPolicy]:
+    from repro.data.sft import SFTRecipe
+    from repro.data.tiny_model import QWEN3_0P6B_SHAPE
 
-POLICIES: dict[str, BuiltInPolicy] = {
-    "tiny": BuiltInPolicy("tiny", SFTRecipe(), "cpu", "tiny-policy", 0.5),
-    "qwen3-0.6b-arith": BuiltInPolicy("qwen3-0.6b-arith", QWEN3_0P6B_ARITH, "cuda", "qwen3-0.6b-arith", 1.5),
-}
+    qwen3_0p6b_arith = SFTRecipe(shape=QWEN3_0P6B_SHAPE, batch_size=256, lr=3e-4, warmup_steps=50, betas=(0.9, 0.95),
+                                 weight_decay=0.0, dtype="bfloat16", threshold=0.3, max_steps=600)
+    policies = [BuiltInPolicy("tiny", SFTRecipe(), BUILT_ON["tiny"], "tiny-policy", 0.5),
+                BuiltInPolicy("qwen3-0.6b-arith", qwen3_0p6b_arith, BUILT_ON["qwen3-0.6b-arith"], "qwen3-0.6b-arith", 1.5)]
+    return {p.name: p for p in policies}
 
 
 def is_built_in(path: str | None) -> bool:
     """Whether a ``model.path`` value names a built-in policy rather than a folder."""
-    return path in POLICIES
+    return path in NAMES
 
 
 def built_in(name: str) -> BuiltInPolicy:
     """The built-in policy ``name``; ``ValueError`` listing the names otherwise."""
-    try:
-        return POLICIES[name]
-    except KeyError:
-        raise ValueError(f"{name!r} is not a built-in policy; choose one of {sorted(POLICIES)}") from None
+    if name not in NAMES:
+        raise ValueError(f"{name!r} is not a built-in policy; choose one of {sorted(NAMES)}")
+    return _registry()[name]

@@ -26,11 +26,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from repro.config import RunConfig, critic_enabled
-from repro.data.policies import POLICIES, BuiltInPolicy, built_in, is_built_in
+from repro.data.policies import NAMES, built_in, is_built_in
 from repro.run.checkpoints import MARKER, STEP_FORMAT, CheckpointStore
+
+if TYPE_CHECKING:
+    from repro.data.policies import BuiltInPolicy
 
 log = logging.getLogger("repro.trainer")
 
@@ -58,7 +61,7 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
     for m in models:
         if not Path(m.path).is_dir():
             raise ValueError(f"model.path={m.path!r} is not a directory (use a Hugging Face model folder or a "
-                             f"built-in policy: {', '.join(POLICIES)})")
+                             f"built-in policy: {', '.join(NAMES)})")
     if cfg.data.train_files is None or cfg.data.val_files is None:
         from repro.data.arith import ensure_arith_parquet
         from repro.data.sft import cache_root

@@ -32,7 +32,7 @@ from typing import Any
 
 from repro.cluster import placement
 from repro.config import RunConfig, critic_enabled
-from repro.data.policies import POLICIES, is_built_in
+from repro.data.policies import BUILT_ON, NAMES, built_in, is_built_in
 from repro.devices import visible_gpus
 
 # Any of these makes a folder loadable by AutoTokenizer (fast, sentencepiece, BPE, WordPiece, tiktoken).
@@ -95,7 +95,7 @@ def check_model_dir(key: str, path: str, *, need_config: bool = True) -> None:
     folder = Path(path)
     if not folder.is_dir():
         raise InputError(f"{key}={path!r} is not a local directory (use a Hugging Face model folder or a built-in "
-                         f"policy: {', '.join(POLICIES)})")
+                         f"policy: {', '.join(NAMES)})")
     if need_config:
         config = folder / "config.json"
         if not config.is_file():
@@ -171,8 +171,8 @@ def output_dirs(cfg: RunConfig) -> list[tuple[str, Path]]:
 
 def check_built_in(key: str, name: str) -> None:
     """A built-in policy that builds on a GPU is cached already or has a GPU to build on."""
-    policy = POLICIES[name]
-    if policy.device_type == "cuda" and not policy.is_built() and visible_gpus() == 0:
+    policy = built_in(name)
+    if not policy.is_built() and visible_gpus() == 0:
         raise InputError(f"{key}={name} is built on a CUDA GPU and none is visible here: build it on a GPU machine "
                          f"(python -m repro.data policy {name}) and copy {policy.cached()} here, or pass a model folder")
 
@@ -192,7 +192,7 @@ def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     for key, model in models:
         if not is_built_in(model.path):
             checks.append((check_model_dir, f"{key}.path", model.path))
-        elif not dry:
+        elif not dry and BUILT_ON[model.path] == "cuda":  # a CPU-built one can always be built here
             checks.append((check_built_in, f"{key}.path", model.path))
         if model.tokenizer_path:
             checks.append((lambda k, p: check_model_dir(k, p, need_config=False), f"{key}.tokenizer_path",
