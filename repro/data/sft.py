@@ -257,14 +257,10 @@ def train_tiny_policy(recipe: SFTRecipe, out_dir: str | os.PathLike[str],
 
 @contextlib.contextmanager
 def _deterministic(device: torch.device) -> Iterator[None]:
-    """Deterministic kernels for the build.
-
-    On CPU an op without a deterministic kernel fails instead of varying. On CUDA such an op only
-    warns (``warn_only``): one missing kernel deep in a library must not cost a GPU build. The 0.6B
-    build is checked by its record instead: two builds on two H100 machines gave the same loss and
-    held-out accuracy at every check (``results/seed_scale/README.md``), not a weight digest.
-    cuBLAS needs its workspace pinned before its first handle for reproducible GEMMs.
-    """
+    """Deterministic kernels for the build: on CPU an op without one fails instead of varying; on CUDA
+    it only warns (one missing kernel deep in a library must not cost a GPU build; two 0.6B builds on two
+    H100 machines matched at every check, ``results/seed_scale/README.md``). cuBLAS needs its workspace
+    pinned before its first handle for reproducible GEMMs."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     before = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True, warn_only=device.type != "cpu")
