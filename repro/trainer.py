@@ -16,6 +16,7 @@ a checkpoint at step ``k`` computes the same steps ``k+1 ...`` as the run that n
 from __future__ import annotations
 
 import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -117,6 +118,10 @@ class PPOTrainer:
     def _sync_weights(self, version: int) -> None:
         """Refresh the rollout copies from the actor when an update (or the start) left them stale."""
         assert self.group is not None
+        # Fault injection for the rollout-agreement test (tests/distributed/test_rollout_corr.py): a
+        # rollout that keeps the weights it had before the update must be caught by rollout_corr/*.
+        if self._weights_stale and version > 1 and os.environ.get("REPRO_FAULT_STALE_ROLLOUT") == "1":
+            self._weights_stale = False
         if self._weights_stale:
             self.group.execute_all_same("sync_weights", version)
             self._weights_stale = False
@@ -165,7 +170,7 @@ class PPOTrainer:
             with timer("old_log_prob", timings):
                 outs = self._fan("compute_log_prob", batch, _FORWARD_KEYS)
                 batch["old_log_probs"] = torch.cat([o["log_probs"] for o in outs])
-                if "rollout_log_probs" in batch:  # the vLLM rollout returns its own
+                if "rollout_log_probs" in batch:  # vLLM always, hf with rollout.calculate_log_probs
                     row.update(rollout_corr_metrics(batch["old_log_probs"], batch["rollout_log_probs"], mask))
                 if all("entropy" in o for o in outs):
                     # Aggregated as the actor's loss is (verl): per token only with token-mean.

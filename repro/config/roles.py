@@ -177,6 +177,10 @@ class RolloutConfig:
     """Samples per forward micro-batch when computing old log-probs."""
     log_prob_max_token_len_per_gpu: int = 16384
     log_prob_use_dynamic_bsz: bool = False
+    calculate_log_probs: bool = False
+    """hf rollout: also return each sampled token's log-prob (``rollout_log_probs``, from the processed
+    scores), so the trainer logs ``rollout_corr/*``; off by default because it keeps a [batch, vocab]
+    score tensor per decoded token. The vLLM rollout always returns them (they come free there)."""
     micro_batch_size_per_gpu: int | None = None
     """Prompts per hf generate call on each rank; None generates the whole shard at once.
 

@@ -112,6 +112,7 @@ class HFRollout:
         if self.eos_id is None:
             raise ValueError(f"tokenizer of {model_cfg.path} has no eos_token; the rollout needs one to stop")
         self.weights_version = -1
+        self.return_log_probs = rollout.calculate_log_probs
 
     @torch.no_grad()
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int = 0) -> int:
@@ -177,7 +178,10 @@ class HFRollout:
             gen_kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
                               top_k=sampling.top_k if sampling.top_k > 0 else 0)
 
+        if self.return_log_probs:
+            gen_kwargs.update(output_scores=True, return_dict_in_generate=True)
         responses = torch.full((prompts.shape[0], response_length), self.pad_id, dtype=torch.long)
+        log_probs = torch.zeros(responses.shape, dtype=torch.float32) if self.return_log_probs else None
         devices = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), _decode_attention(self.device):
             torch.manual_seed(seed)
@@ -185,7 +189,26 @@ class HFRollout:
                 ids = prompts[start:start + micro * n].to(self.device)
                 mask = prompt_mask[start:start + micro * n].to(self.device)
                 out = self.model.generate(input_ids=ids, attention_mask=mask, **gen_kwargs)
-                new = out[:, ids.shape[1]:].cpu()
-                responses[start:start + new.shape[0], : new.shape[1]] = new
+                seqs = out.sequences if self.return_log_probs else out
+                new = seqs[:, ids.shape[1]:]
+                responses[start:start + new.shape[0], : new.shape[1]] = new.cpu()
+                if log_probs is not None:
+                    log_probs[start:start + new.shape[0], : new.shape[1]] = sampled_log_probs(out.scores, new).cpu()
 
-        return layout.assemble(prompts, prompt_mask, responses, self.pad_id, self.eos_id)
+        batch = layout.assemble(prompts, prompt_mask, responses, self.pad_id, self.eos_id)
+        if log_probs is not None:
+            # masked_fill, not a product: a pad after EOS may be a top-k/top-p -inf, and -inf * 0 is nan.
+            batch["rollout_log_probs"] = log_probs.masked_fill(batch["response_mask"] == 0, 0.0)
+        return batch
+
+
+def sampled_log_probs(scores: tuple[torch.Tensor, ...], tokens: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` log-prob of each sampled token under the distribution it was drawn from.
+
+    ``generate(output_scores=True)`` gives, per decoded position, the scores after every
+    processor and warper (temperature, top-k, top-p: masked tokens are ``-inf``), the logits the
+    sampler's softmax saw; vLLM's ``logprobs_mode=processed_logprobs`` is the same quantity.
+    Computed in fp32 whatever the model dtype, so the rollout adds no rounding of its own.
+    """
+    steps = torch.stack(scores, dim=1).float()  # [B, T, V]
+    return torch.log_softmax(steps, dim=-1).gather(-1, tokens[:, : steps.shape[1], None]).squeeze(-1)

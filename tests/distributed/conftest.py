@@ -28,7 +28,7 @@ os.environ.setdefault("RAY_enable_worker_prestart", "0")
 # workers busy until the end).
 _LONG_MODULES = ("test_multinode.py", "test_lora_run.py", "test_run_safety.py", "test_sft.py", "test_bench_cli.py",
                  "test_bench_workers.py", "test_batch_splits.py", "test_checkpoint_fallback.py",
-                 "test_verl_algorithms_e2e.py", "test_trace.py", "test_launch.py")
+                 "test_verl_algorithms_e2e.py", "test_goldens.py", "test_trace.py", "test_launch.py")
 
 
 def _cost_rank(item: pytest.Item) -> tuple[int, int]:

@@ -116,3 +116,55 @@ def test_greedy_generation_is_the_same_in_micro_batches(model_dir):
     whole = r.generate(prompts, n=1, do_sample=False, prompt_pad_to=14)
     chunked = r.generate(prompts, n=1, do_sample=False, prompt_pad_to=14, micro_batch_size=1)
     assert all(torch.equal(whole[k], chunked[k]) for k in whole)
+
+
+def _logprob_rollout(model_dir, **sampling) -> HFRollout:
+    r = _rollout(model_dir)
+    r.return_log_probs = True
+    for key, value in sampling.items():
+        setattr(r.cfg.actor_rollout_ref.rollout, key, value)
+    return r
+
+
+def _full_forward_log_probs(model, b, temperature: float) -> torch.Tensor:
+    """The trainer's view: one forward of prompt + response, log-softmax of logits / temperature."""
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits
+    width = b["responses"].shape[1]
+    scaled = logits[:, -width - 1:-1].float() / temperature
+    return torch.log_softmax(scaled, -1).gather(-1, b["responses"][..., None]).squeeze(-1)
+
+
+def test_rollout_log_probs_only_when_asked(model_dir):
+    assert "rollout_log_probs" not in _rollout(model_dir).generate(_prompts(model_dir[2]), n=2, seed=3)
+
+
+def test_rollout_log_probs_match_a_full_forward_at_the_sampling_temperature(model_dir):
+    # Same fp32 weights; the rollout decodes with a KV cache, the forward sees the whole sequence:
+    # only reduction order differs. Per logit that is a few ulps of the fp32 matmul sums (hidden 64,
+    # |logit| < 10: ~1e-6), and log-softmax moves by at most twice the largest logit change, so
+    # 1e-5 holds with room; a wrong temperature (0.7 vs 1.0) moves them by ~0.1.
+    _, model, tok = model_dir
+    r = _logprob_rollout(model_dir, temperature=0.7)
+    b = r.generate(_prompts(tok), n=3, seed=7)
+    mask = b["response_mask"].bool()
+    assert torch.all(b["rollout_log_probs"][~mask] == 0)
+    diff = (b["rollout_log_probs"] - _full_forward_log_probs(model, b, 0.7))[mask].abs().max().item()
+    assert diff < 1e-5
+    wrong = (b["rollout_log_probs"] - _full_forward_log_probs(model, b, 1.0))[mask].abs().max().item()
+    assert wrong > 1e-2
+
+
+def test_rollout_log_probs_are_after_top_k_like_vllm_processed_logprobs(model_dir):
+    # Top-k renormalizes over the k kept tokens, so each sampled token's processed log-prob is
+    # its full log-prob minus log(mass of the top k), never below the full one and never -inf.
+    _, model, tok = model_dir
+    r = _logprob_rollout(model_dir, top_k=3)
+    b = r.generate(_prompts(tok), n=3, seed=7)
+    mask = b["response_mask"].bool()
+    full = _full_forward_log_probs(model, b, 1.0)
+    rollout = b["rollout_log_probs"]
+    assert torch.isfinite(rollout).all()
+    assert torch.all(rollout[mask] >= full[mask] - 1e-5)
+    assert (rollout[mask] - full[mask]).max().item() > 1e-2
