@@ -54,6 +54,7 @@ from repro.config.roles import (
 from repro.config.run import (
     NO_EFFECT_KEYS,
     AlgorithmConfig,
+    CustomRewardFunctionConfig,
     DataConfig,
     KLControlConfig,
     RayKwargs,
@@ -61,6 +62,7 @@ from repro.config.run import (
     RunConfig,
     TrainerConfig,
     critic_enabled,
+    custom_reward,
     ref_policy_used,
 )
 
@@ -98,12 +100,14 @@ __all__ = [
     "CriticConfig",
     "KLControlConfig",
     "AlgorithmConfig",
+    "CustomRewardFunctionConfig",
     "RewardConfig",
     "DataConfig",
     "TrainerConfig",
     "RayKwargs",
     "RunConfig",
     "critic_enabled",
+    "custom_reward",
     "ref_policy_used",
     "NO_EFFECT_KEYS",
 ]
