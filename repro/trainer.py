@@ -239,6 +239,7 @@ class PPOTrainer:
         assert self.group is not None
         t = self.cfg.trainer
         store = CheckpointStore(self.paths.ckpt_dir)
+        log.info("writing checkpoint %d to %s", step, self.paths.ckpt_dir)
         staging = store.begin(step)
         state = {"step": step, "kl_ctrl": self.kl_ctrl.state()}
         self.group.execute_all_same("save_checkpoint", str(staging), step, state)

@@ -38,12 +38,40 @@ def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
     return f"  {role}: " + ", ".join(words)
 
 
+def _files_words(value: Any) -> str:
+    if value is None:
+        return "the built-in arithmetic task"
+    files = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    return ", ".join(files)
+
+
+def inputs_lines(cfg: RunConfig) -> list[str]:
+    """What the run reads: the model (a folder or a built-in policy), the data files and the reward.
+
+    Printed by the banner and the dry run, so that a default never goes unnoticed (``-cn ppo_trainer``
+    with no model path trains the built-in tiny policy)."""
+    from repro.config import custom_reward
+    from repro.data.policies import is_built_in
+
+    path = cfg.actor_rollout_ref.model.path
+    model = f"built-in policy {path} (no actor_rollout_ref.model.path given)" if is_built_in(path) else path
+    tok = cfg.actor_rollout_ref.model.tokenizer_path
+    plugin = custom_reward(cfg)
+    reward = (f"{plugin[1].name} from {plugin[1].path} ({plugin[0]})" if plugin
+              else "the rule rewards by data_source (openai/gsm8k, repro/arith)")
+    return [f"  model: {model}" + (f", tokenizer {tok}" if tok else ""),
+            f"  train data: {_files_words(cfg.data.train_files)}",
+            f"  val data: {_files_words(cfg.data.val_files)}",
+            f"  reward: {reward}"]
+
+
 def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: bool) -> list[str]:
     """The banner of ``cfg`` given rank 0's ``engine_setup()`` (role -> stage and placement)."""
     t, arr = cfg.trainer, cfg.actor_rollout_ref
     world = t.n_gpus_per_node * t.nnodes
     lines = [f"setup: DeepSpeed engine ({arr.actor.strategy}), {cfg.algorithm.adv_estimator}, "
              f"{world} {'GPU' if gpu else 'CPU'} rank(s) on {t.nnodes} node(s)"]
+    lines += inputs_lines(cfg)
     lines.append(_role_line(cfg, "actor", engines.get("actor")))
     if ref_policy_used(cfg):
         ref = ("the actor with its LoRA adapters disabled" if arr.model.lora_rank
