@@ -34,8 +34,8 @@ common keys:
   actor_rollout_ref.actor.deepspeed.zero_stage=1|2|3 actor_rollout_ref.actor.deepspeed.offload=cpu
   trainer.dry_run=true              check, print the effective plan (last line: JSON), start nothing
   trainer.resume_mode=auto|disable  auto (default): the same command continues its unfinished run
-  reward.custom_reward_function.path=FILE [.name=compute_score]   verl's reward plug-in:
-                                    compute_score(data_source, solution_str, ground_truth, extra_info)
+  reward.custom_reward_function.path=FILE [.name=compute_score]  verl's reward plug-in,
+        compute_score(data_source, solution_str, ground_truth, extra_info) -> float
 
 outputs: outputs/<experiment_name>_<timestamp>/ (or trainer.output_dir; root $REPRO_OUTPUTS_DIR):
   metrics.tsv summary.tsv curves.png config.yaml train.log run.json checkpoints/

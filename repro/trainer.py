@@ -83,10 +83,11 @@ class PPOTrainer:
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
         from repro.data.prompts import PromptDataset
         from repro.data.tokenizer import load_tokenizer
+        from repro.config import custom_reward
         from repro.rewards import reward_lookup
 
         self.cfg, self.paths = cfg, paths
-        self.get_reward_fn = reward_lookup(cfg)
+        self.get_reward_fn = reward_lookup(custom_reward(cfg))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
         self.train_ds = PromptDataset.from_config(cfg.data.train_files, self.tokenizer, cfg.data)

@@ -3,7 +3,7 @@
 ``get_reward_fn(data_source)`` returns a callable with verl's GSM8K signature
 ``fn(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0) -> float``;
 the trainer passes ``reward.reward_kwargs`` (``method``, ``format_score``, ``score``) through.
-``reward_lookup(cfg)`` is what the trainer uses: the same lookup, or verl's reward plug-in
+``reward_lookup(custom_reward(cfg))`` is what the trainer uses: the same lookup, or verl's reward plug-in
 (``custom_reward_function``, :mod:`repro.rewards.custom`) for every data source when one is set.
 """
 
@@ -38,12 +38,11 @@ def get_reward_fn(data_source: str) -> RewardFn:
         ) from None
 
 
-def reward_lookup(cfg: Any) -> Callable[[str], RewardFn]:
-    """``data_source -> reward fn`` for the run ``cfg``: the plug-in if one is set, else the rule rewards."""
-    from repro.config import custom_reward
+def reward_lookup(found: tuple[str, Any] | None) -> Callable[[str], RewardFn]:
+    """``data_source -> reward fn``: the plug-in ``found`` ((config key, its section), from
+    ``repro.config.custom_reward(cfg)``) if one is set, else the rule rewards."""
     from repro.rewards.custom import as_float, load_custom_reward
 
-    found = custom_reward(cfg)
     if found is None:
         return get_reward_fn
     key, section = found

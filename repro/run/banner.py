@@ -72,7 +72,6 @@ def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: boo
     world = t.n_gpus_per_node * t.nnodes
     lines = [f"setup: DeepSpeed engine ({arr.actor.strategy}), {cfg.algorithm.adv_estimator}, "
              f"{world} {'GPU' if gpu else 'CPU'} rank(s) on {t.nnodes} node(s)"]
-    lines += inputs_lines(cfg)
     lines.append(_role_line(cfg, "actor", engines.get("actor")))
     if ref_policy_used(cfg):
         ref = ("the actor with its LoRA adapters disabled" if arr.model.lora_rank
@@ -83,4 +82,4 @@ def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: boo
     r = arr.rollout
     lines.append(f"  rollout: {r.name}, {cfg.data.train_batch_size} prompts x n={r.n}, temperature {r.temperature}, "
                  f"{r.response_length or cfg.data.max_response_length} new tokens")
-    return lines
+    return lines + inputs_lines(cfg)

@@ -1,7 +1,8 @@
 """The reward half of the pre-start checks: a reward exists for every row and the plug-in works.
 
 Without this a parquet with an unknown ``data_source``, or a reward file with a typo, fails only
-when the first batch is scored, 30-90 s in, as a traceback. Here: one line, before Ray starts.
+when the first batch is scored, 30-90 s in, as a traceback. Here: one line, before Ray starts. Errors are ``ValueError``;
+``repro.run.preflight.check_rewards`` turns them into its ``InputError``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from repro.config import RunConfig, custom_reward
-from repro.run.preflight import InputError, _files
+
+
+def _files(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return [str(value)] if isinstance(value, (str, Path)) else [str(v) for v in value]
 
 
 def _sources_and_sample(cfg: RunConfig) -> tuple[list[tuple[str, str]], dict[str, Any] | None]:
@@ -51,7 +57,7 @@ def check_rewards(cfg: RunConfig) -> None:
         known = known_sources()
         for key, src in sources:
             if src not in known:
-                raise InputError(
+                raise ValueError(
                     f"{key}: data_source {src!r} (column {cfg.data.reward_fn_key}) has no reward; sources with "
                     f"one: {known}; or set reward.custom_reward_function.path to your compute_score file"
                 )

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from repro.config import custom_reward
 from repro.config.loader import load_config
 from repro.data.parquet_io import write_rows
 from repro.main_ppo import main
@@ -81,7 +82,7 @@ def test_good_plugin_passes_and_scores_any_source_with_verls_signature(key, inpu
                        f"data.train_files={inputs / 'mine.parquet'}", f"data.val_files={inputs / 'mine.parquet'}",
                        f"trainer.output_dir={inputs / 'out'}", "trainer.device=cpu"], config_name="grpo_tiny")
     assert preflight(cfg) == []
-    fn = reward_lookup(cfg)("my/task")
+    fn = reward_lookup(custom_reward(cfg))("my/task")
     assert fn("so #### 7", "7") == 1.5 and fn("so 8", "7") == 0.5
 
 
