@@ -81,9 +81,9 @@ class PPOTrainer:
     """Drives one run: builds the worker group, loops over steps, writes the run directory."""
 
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
+        from repro.config import custom_reward
         from repro.data.prompts import PromptDataset
         from repro.data.tokenizer import load_tokenizer
-        from repro.config import custom_reward
         from repro.rewards import reward_lookup
 
         self.cfg, self.paths = cfg, paths
