@@ -24,7 +24,9 @@ configs (-cn):
   ppo_tiny      the same task with a critic and GAE
   grpo_0p6b     the seed's GRPO command at its scale: a Qwen3-0.6B-shaped policy (built on a GPU the
                 first time), 2 GPUs, vLLM rollout, ZeRO-2, 60 steps (about 6 s a step on 2 H100s)
-  ppo_trainer   verl's defaults (the default): bring actor_rollout_ref.model.path and data.*_files
+  ppo_trainer   verl's defaults (the default): give actor_rollout_ref.model.path and data.*_files;
+                without them it trains the built-in tiny policy on the arithmetic task (the
+                banner and the dry run name the model and data in use)
 
 common keys:
   trainer.device=auto|cpu|cuda      auto (default): GPU ranks when CUDA is visible, else CPU ranks
@@ -32,6 +34,8 @@ common keys:
   actor_rollout_ref.actor.deepspeed.zero_stage=1|2|3 actor_rollout_ref.actor.deepspeed.offload=cpu
   trainer.dry_run=true              check, print the effective plan (last line: JSON), start nothing
   trainer.resume_mode=auto|disable  auto (default): the same command continues its unfinished run
+  reward.custom_reward_function.path=FILE [.name=compute_score]  verl's reward plug-in,
+        compute_score(data_source, solution_str, ground_truth, extra_info) -> float
 
 outputs: outputs/<experiment_name>_<timestamp>/ (or trainer.output_dir; root $REPRO_OUTPUTS_DIR):
   metrics.tsv summary.tsv curves.png config.yaml train.log run.json checkpoints/
@@ -83,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0
+    if not any(a.replace(" ", "").lower() in ("trainer.dry_run=true", "trainer.dry_run=1") for a in argv):
+        # The first line within a second of start: the checks and Ray's start-up take a while.
+        print("repro: reading the config and checking the inputs (model, data, reward) before anything starts",
+              flush=True)
     from repro.config.loader import ConfigWarning, load_config
     from repro.run.preflight import InputError, preflight
 
@@ -111,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from repro.config.plan import plan_summary
 
         plan["warnings"] = notes + plan["warnings"]
+        from repro.run.banner import inputs_lines
+
         print(f"repro dry run of {config_name!r}: nothing is started")
+        for line in inputs_lines(cfg):
+            print(line)
         for line in plan_summary(plan):
             print(line)
         print(json.dumps(plan, sort_keys=True))
@@ -124,6 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         with claim_run(cfg) as claim:  # a live holder or a changed config: refused before the heavy imports
+            from repro.run.banner import inputs_lines
+
+            t = cfg.trainer
+            print(f"repro: starting {config_name!r}: importing torch, DeepSpeed and Ray, then Ray and "
+                  f"{t.n_gpus_per_node * t.nnodes} rank(s) (tens of seconds on a small machine; a built-in "
+                  "policy or the arithmetic data not yet cached is built first, a minute or more)", flush=True)
+            for line in inputs_lines(cfg):
+                print(line, flush=True)
             from repro import trainer  # the trainer pulls in Ray and torch; keep dry runs light
 
             out_dir = trainer.run(cfg, claim)

@@ -82,12 +82,13 @@ class PPOTrainer:
     """Drives one run: builds the worker group, loops over steps, writes the run directory."""
 
     def __init__(self, cfg: RunConfig, paths: RunPaths) -> None:
+        from repro.config import custom_reward
         from repro.data.prompts import PromptDataset
         from repro.data.tokenizer import load_tokenizer
-        from repro.rewards import get_reward_fn
+        from repro.rewards import reward_lookup
 
         self.cfg, self.paths = cfg, paths
-        self.get_reward_fn = get_reward_fn
+        self.get_reward_fn = reward_lookup(custom_reward(cfg))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
         self.train_ds = PromptDataset.from_config(cfg.data.train_files, self.tokenizer, cfg.data)
@@ -244,6 +245,7 @@ class PPOTrainer:
         assert self.group is not None
         t = self.cfg.trainer
         store = CheckpointStore(self.paths.ckpt_dir)
+        log.info("writing checkpoint %d to %s", step, self.paths.ckpt_dir)
         staging = store.begin(step)
         state = {"step": step, "kl_ctrl": self.kl_ctrl.state()}
         self.group.execute_all_same("save_checkpoint", str(staging), step, state)

@@ -55,6 +55,7 @@ from repro.config.roles import (
 from repro.config.run import (
     NO_EFFECT_KEYS,
     AlgorithmConfig,
+    CustomRewardFunctionConfig,
     DataConfig,
     KLControlConfig,
     RayKwargs,
@@ -62,6 +63,7 @@ from repro.config.run import (
     RunConfig,
     TrainerConfig,
     critic_enabled,
+    custom_reward,
     ref_policy_used,
 )
 
@@ -100,12 +102,14 @@ __all__ = [
     "CriticConfig",
     "KLControlConfig",
     "AlgorithmConfig",
+    "CustomRewardFunctionConfig",
     "RewardConfig",
     "DataConfig",
     "TrainerConfig",
     "RayKwargs",
     "RunConfig",
     "critic_enabled",
+    "custom_reward",
     "ref_policy_used",
     "NO_EFFECT_KEYS",
 ]

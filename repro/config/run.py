@@ -56,7 +56,29 @@ class AlgorithmConfig:
 
 
 @dataclass
+class CustomRewardFunctionConfig:
+    """verl's reward plug-in: a Python file and the function in it that scores every response."""
+
+    path: str | None = None
+    """Python file defining the reward; None uses repro's rule rewards (openai/gsm8k, repro/arith).
+    The function has verl's signature ``compute_score(data_source, solution_str, ground_truth,
+    extra_info=None, **reward_kwargs) -> float`` and replaces the rule rewards for every data source."""
+    name: str = "compute_score"
+    """Name of the function in ``path``."""
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra keyword arguments for the function (verl's ``custom_reward_function.reward_kwargs``)."""
+
+    def __post_init__(self) -> None:
+        if self.path is not None and not str(self.path).strip():
+            _fail(self, "path", "is empty; give a Python file or leave it unset (null)")
+        if not self.name or not str(self.name).isidentifier():
+            _fail(self, "name", "must be a Python function name")
+
+
+@dataclass
 class RewardConfig:
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """verl 0.9's place for the reward plug-in (the top-level ``custom_reward_function`` is the legacy one)."""
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
     """Passed to the reward function: method (strict|flexible), format_score, score."""
     num_workers: int = 1
@@ -205,9 +227,26 @@ class RunConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    """Legacy (pre-0.9 verl) place of ``reward.custom_reward_function``; set one or the other."""
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     ray_kwargs: RayKwargs = field(default_factory=RayKwargs)
+
+
+def custom_reward(cfg: RunConfig) -> tuple[str, CustomRewardFunctionConfig] | None:
+    """(config key, section) of the reward plug-in in use, or None for the rule rewards."""
+    new, old = cfg.reward.custom_reward_function, cfg.custom_reward_function
+    if new.path and old.path and (new.path, new.name) != (old.path, old.name):
+        raise ValueError(
+            f"reward.custom_reward_function.path={new.path!r} and the legacy custom_reward_function.path="
+            f"{old.path!r} disagree; set only one"
+        )
+    if new.path:
+        return "reward.custom_reward_function", new
+    if old.path:
+        return "custom_reward_function", old
+    return None
 
 
 def critic_enabled(cfg: RunConfig) -> bool:

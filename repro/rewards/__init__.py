@@ -3,11 +3,14 @@
 ``get_reward_fn(data_source)`` returns a callable with verl's GSM8K signature
 ``fn(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0) -> float``;
 the trainer passes ``reward.reward_kwargs`` (``method``, ``format_score``, ``score``) through.
+``reward_lookup(custom_reward(cfg))`` is what the trainer uses: the same lookup, or verl's reward plug-in
+(``custom_reward_function``, :mod:`repro.rewards.custom`) for every data source when one is set.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from repro.rewards import gsm8k
 
@@ -35,4 +38,21 @@ def get_reward_fn(data_source: str) -> RewardFn:
         ) from None
 
 
-__all__ = ["RewardFn", "get_reward_fn", "known_sources"]
+def reward_lookup(found: tuple[str, Any] | None) -> Callable[[str], RewardFn]:
+    """``data_source -> reward fn``: the plug-in ``found`` ((config key, its section), from
+    ``repro.config.custom_reward(cfg)``) if one is set, else the rule rewards."""
+    from repro.rewards.custom import as_float, load_custom_reward
+
+    if found is None:
+        return get_reward_fn
+    key, section = found
+    fn = load_custom_reward(key, section.path, section.name, section.reward_kwargs)
+
+    def lookup(data_source: str) -> RewardFn:
+        # reward.reward_kwargs are the GSM8K rule's; the plug-in has its own (bound at load).
+        return lambda solution_str, ground_truth, **_: as_float(fn(data_source, solution_str, ground_truth, None))
+
+    return lookup
+
+
+__all__ = ["RewardFn", "get_reward_fn", "known_sources", "reward_lookup"]

@@ -38,6 +38,34 @@ def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
     return f"  {role}: " + ", ".join(words)
 
 
+def _files_words(value: Any) -> str:
+    if value is None:
+        return "the built-in arithmetic task"
+    files = [str(value)] if isinstance(value, str) else [str(v) for v in value]
+    return ", ".join(files)
+
+
+def inputs_lines(cfg: RunConfig) -> list[str]:
+    """What the run reads: the model (a folder or a built-in policy), the data files and the reward.
+
+    Printed by the banner and the dry run, so that a default never goes unnoticed (``-cn ppo_trainer``
+    with no model path trains the built-in tiny policy)."""
+    from repro.config import custom_reward
+    from repro.data.policies import is_built_in
+
+    path = cfg.actor_rollout_ref.model.path
+    model = (f"built-in policy {path} (actor_rollout_ref.model.path={path}, the default when no model folder is given)"
+             if is_built_in(path) else path)
+    tok = cfg.actor_rollout_ref.model.tokenizer_path
+    plugin = custom_reward(cfg)
+    reward = (f"{plugin[1].name} from {plugin[1].path} ({plugin[0]})" if plugin
+              else "the rule rewards by data_source (openai/gsm8k, repro/arith)")
+    return [f"  model: {model}" + (f", tokenizer {tok}" if tok else ""),
+            f"  train data: {_files_words(cfg.data.train_files)}",
+            f"  val data: {_files_words(cfg.data.val_files)}",
+            f"  reward: {reward}"]
+
+
 def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: bool) -> list[str]:
     """The banner of ``cfg`` given rank 0's ``engine_setup()`` (role -> stage and placement)."""
     t, arr = cfg.trainer, cfg.actor_rollout_ref
@@ -54,4 +82,4 @@ def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: boo
     r = arr.rollout
     lines.append(f"  rollout: {r.name}, {cfg.data.train_batch_size} prompts x n={r.n}, temperature {r.temperature}, "
                  f"{r.response_length or cfg.data.max_response_length} new tokens")
-    return lines
+    return lines + inputs_lines(cfg)

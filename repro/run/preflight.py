@@ -14,12 +14,15 @@ builds those itself):
   ``data.prompt_key`` and ``data.reward_fn_key`` columns; the training files hold at least
   ``data.train_batch_size`` rows, the validation files at least one.
 - model folders (actor, critic when used, tokenizer_path): ``config.json`` present and valid
-  JSON, a tokenizer file present.
+  JSON, weights present whose safetensors headers read with a shape of ``hidden_size``, a tokenizer
+  file present (in ``tokenizer_path`` when that is set, else in the model folder).
 - the output folder (``trainer.output_dir``, else ``$REPRO_OUTPUTS_DIR`` / ``outputs``) and
   ``trainer.default_local_dir``: not a file, and writable (a file is created and removed there).
 - ``trainer.device=cuda``: this host has ``n_gpus_per_node`` GPUs (one node's worth of ranks
   runs here; the others are on the cluster's other nodes).
 - ``trainer.nnodes``: see :func:`check_nodes` (reusable by the cluster code).
+- rewards (:mod:`repro.run.preflight_rewards`): the reward plug-in loads and scores a sample; without
+  one, every ``data_source`` in the data files has a rule reward.
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def check_data_files(key: str, value: Any, columns: tuple[tuple[str, str], ...],
         )
 
 
-def check_model_dir(key: str, path: str, *, need_config: bool = True) -> None:
-    """``path`` is a Hugging Face model folder: ``config.json`` (valid JSON) and a tokenizer file."""
+def check_model_dir(key: str, path: str, *, need_config: bool = True, need_tokenizer: bool = True) -> None:
+    """``path`` is a Hugging Face model folder: ``config.json`` (valid JSON), weights whose headers read
+    (:func:`check_weights`) and a tokenizer file (unless ``tokenizer_path`` names another folder)."""
     folder = Path(path)
     if not folder.is_dir():
         raise InputError(f"{key}={path!r} is not a local directory (use a Hugging Face model folder or a built-in "
@@ -106,11 +110,46 @@ def check_model_dir(key: str, path: str, *, need_config: bool = True) -> None:
             raise InputError(f"{key}: {config} is not valid JSON ({e})") from None
         if not isinstance(data, dict):
             raise InputError(f"{key}: {config} is not a JSON object")
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        check_weights(key, folder, data)
+    if need_tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
         raise InputError(
             f"{key}={path!r} has no tokenizer file (one of {', '.join(TOKENIZER_FILES)}); "
             "set the tokenizer_path key next to it to a folder that has one"
         )
+
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin", "model*.pt", "*.pth")
+
+
+def check_weights(key: str, folder: Path, config: dict[str, Any]) -> None:
+    """Weights are present, and safetensors headers read (a lazy read: no tensor is loaded).
+
+    Without this a folder with a config and no weights passes and a worker fails ~30 s later
+    deep inside ``from_pretrained``. The shapes must mention ``hidden_size`` somewhere: a header
+    of another model's weights (or a truncated file) is caught here.
+    """
+    files = sorted({p for pat in WEIGHT_FILES for p in folder.glob(pat)})
+    if not files:
+        raise InputError(f"{key}={str(folder)!r} has no weights ({', '.join(WEIGHT_FILES)}); "
+                         "is the download complete?")
+    shards = [f for f in files if f.suffix == ".safetensors"]
+    if not shards:
+        return  # .bin/.pt need a full unpickle to inspect; their presence is what is checked
+    from safetensors import safe_open
+
+    dims: set[int] = set()
+    for f in shards:
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                for name in h.keys():
+                    dims.update(h.get_slice(name).get_shape())
+        except Exception as e:  # noqa: BLE001 - a corrupt header raises several error types
+            raise InputError(f"{key}: {f} is not a readable safetensors file ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    hidden = config.get("hidden_size") or config.get("n_embd") or config.get("d_model")
+    if isinstance(hidden, int) and dims and hidden not in dims:
+        raise InputError(f"{key}={str(folder)!r}: no weight tensor has hidden_size={hidden} of config.json "
+                         "in its shape; are the weights of another model?")
 
 
 def check_writable_dir(key: str, path: Path) -> None:
@@ -177,6 +216,18 @@ def check_built_in(key: str, name: str) -> None:
                          f"(python -m repro.data policy {name}) and copy {policy.cached()} here, or pass a model folder")
 
 
+def check_rewards(cfg: RunConfig) -> None:
+    """See :func:`repro.run.preflight_rewards.check_rewards` (imported late: it imports the user's file)."""
+    from repro.run.preflight_rewards import check_rewards as check
+
+    try:
+        check(cfg)
+    except InputError:
+        raise
+    except ValueError as e:
+        raise InputError(str(e)) from None
+
+
 def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     """Check ``cfg``'s inputs (module docstring). A real run raises :class:`InputError` at the first
     problem; a dry run (which loads nothing) gets every problem back as a note instead."""
@@ -191,19 +242,22 @@ def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
         models.append(("critic.model", cfg.critic.model))
     for key, model in models:
         if not is_built_in(model.path):
-            checks.append((check_model_dir, f"{key}.path", model.path))
+            # With tokenizer_path set, the tokenizer is looked for there, not in the model folder.
+            checks.append((lambda k, p, t=not model.tokenizer_path: check_model_dir(k, p, need_tokenizer=t),
+                           f"{key}.path", model.path))
         elif not dry and BUILT_ON[model.path] == "cuda":  # a CPU-built one can always be built here
             checks.append((check_built_in, f"{key}.path", model.path))
         if model.tokenizer_path:
             checks.append((lambda k, p: check_model_dir(k, p, need_config=False), f"{key}.tokenizer_path",
                            model.tokenizer_path))
+    checks.append((check_rewards, cfg))
     if not dry:
         checks += [(check_writable_dir, key, path) for key, path in output_dirs(cfg)]
         checks.append((check_device, cfg))
         checks.append((check_nodes, cfg.trainer.nnodes, placement.cluster_address(cfg.trainer.ray_address)))
     notes = []
     for fn, *args in checks:
-        if dry and not all(Path(f).exists() for f in _files(args[1])):
+        if dry and fn is not check_rewards and not all(Path(f).exists() for f in _files(args[1])):
             continue  # the config loader already noted a missing path (a dry run loads nothing)
         try:
             fn(*args)

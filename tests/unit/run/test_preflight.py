@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from repro.config import RunConfig
 from repro.data.parquet_io import write_rows
@@ -38,7 +40,7 @@ class Case:
 
 
 def _row(i: int) -> dict:
-    return {"data_source": "arith", "prompt": [{"role": "user", "content": f"{i}+1="}], "ability": "math",
+    return {"data_source": "repro/arith", "prompt": [{"role": "user", "content": f"{i}+1="}], "ability": "math",
             "reward_model": {"ground_truth": str(i + 1), "style": "rule"}, "extra_info": {"index": i}}
 
 
@@ -59,7 +61,22 @@ def make_inputs(tmp: Path) -> None:
     (bad_json / "tokenizer.json").write_text("{}")
     no_tok = tmp / "model_no_tokenizer"
     no_tok.mkdir(exist_ok=True)
-    (no_tok / "config.json").write_text('{"model_type": "qwen3"}')
+    (no_tok / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 8}')
+    save_file({"embed.weight": torch.zeros(4, 8)}, str(no_tok / "model.safetensors"))
+    no_weights = tmp / "model_no_weights"
+    no_weights.mkdir(exist_ok=True)
+    (no_weights / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 8}')
+    (no_weights / "tokenizer.json").write_text("{}")
+    other = tmp / "model_other_weights"
+    other.mkdir(exist_ok=True)
+    (other / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 8}')
+    (other / "tokenizer.json").write_text("{}")
+    save_file({"embed.weight": torch.zeros(4, 16)}, str(other / "model.safetensors"))
+    broken = tmp / "model_broken_weights"
+    broken.mkdir(exist_ok=True)
+    (broken / "config.json").write_text('{"model_type": "qwen3", "hidden_size": 8}')
+    (broken / "tokenizer.json").write_text("{}")
+    (broken / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     (tmp / "a_file").write_text("x")
 
 
@@ -89,6 +106,14 @@ def bad_inputs(tmp: Path) -> list[Case]:
              "config.json"),
         Case("model config.json not JSON", [f"actor_rollout_ref.model.path={bad_json}", *out], "config.json"),
         Case("model folder without tokenizer", [f"actor_rollout_ref.model.path={no_tok}", *out], "tokenizer"),
+        Case("tokenizer_path without tokenizer", [f"actor_rollout_ref.model.path={no_tok}", *out,
+             f"actor_rollout_ref.model.tokenizer_path={tmp / 'model_empty'}"], "actor_rollout_ref.model.tokenizer_path"),
+        Case("model folder without weights", [f"actor_rollout_ref.model.path={tmp / 'model_no_weights'}", *out],
+             "no weights"),
+        Case("weights of another shape", [f"actor_rollout_ref.model.path={tmp / 'model_other_weights'}", *out],
+             "hidden_size=8"),
+        Case("weights header unreadable", [f"actor_rollout_ref.model.path={tmp / 'model_broken_weights'}", *out],
+             "model.safetensors"),
         Case("output dir is a file", [f"trainer.output_dir={tmp / 'a_file'}"], "trainer.output_dir"),
         Case("output dir under a file", [f"trainer.output_dir={tmp / 'a_file' / 'run'}"], "a_file"),
         Case("output dir not writable", ["trainer.output_dir=/proc/repro_run"], "trainer.output_dir"),
@@ -197,3 +222,17 @@ def test_the_same_command_lines_with_good_inputs_pass(tmp_path, monkeypatch):
                        f"trainer.default_local_dir={tmp_path / 'ck'}", "trainer.device=cuda"], config_name="grpo_tiny")
     assert preflight(cfg) == []
     assert not (tmp_path / "out").exists() and not (tmp_path / "ck").exists()
+
+
+def test_tokenizer_path_replaces_the_model_folders_tokenizer(tmp_path):
+    """The advice "set tokenizer_path" works: the model folder is no longer asked for a tokenizer."""
+    from repro.config.loader import load_config
+
+    make_inputs(tmp_path)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text("{}")
+    cfg = load_config([f"actor_rollout_ref.model.path={tmp_path / 'model_no_tokenizer'}",
+                       f"actor_rollout_ref.model.tokenizer_path={tok}", f"trainer.output_dir={tmp_path / 'out'}",
+                       "trainer.device=cpu"], config_name="grpo_tiny")
+    assert preflight(cfg) == []
