@@ -54,8 +54,8 @@ def inputs_lines(cfg: RunConfig) -> list[str]:
     from repro.data.policies import is_built_in
 
     path = cfg.actor_rollout_ref.model.path
-    model = (f"built-in policy {path} (actor_rollout_ref.model.path={path}, the default when no model folder is given)"
-             if is_built_in(path) else path)
+    default = ", the default when no model folder is given" if path == RunConfig().actor_rollout_ref.model.path else ""
+    model = f"built-in policy {path} (actor_rollout_ref.model.path={path}{default})" if is_built_in(path) else path
     tok = cfg.actor_rollout_ref.model.tokenizer_path
     plugin = custom_reward(cfg)
     reward = (f"{plugin[1].name} from {plugin[1].path} ({plugin[0]})" if plugin
