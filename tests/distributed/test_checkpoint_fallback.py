@@ -23,8 +23,11 @@ HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf
 @pytest.mark.slow  # two real jobs one after the other: about 2-3 min on 2 loaded cores
 def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_path, ray_head):
     out = tmp_path / "run"
-    command = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1", HF,
-               f"trainer.output_dir={out}"]
+    # No validation (before training or at test_freq): the claims are about checkpoints and the
+    # training rows; validation is proven in test_trainer's GRPO run. It was 256 generations, 8
+    # times a SMALL step's 32.
+    command = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1",
+               "trainer.val_before_train=False", HF, f"trainer.output_dir={out}"]
     jobs.run_job("grpo_tiny", command, tmp_path / "outputs", ray_address=ray_head)
     ckpt = out / "checkpoints"
     straight = jobs.metrics(out)
@@ -56,7 +59,9 @@ def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_p
 @pytest.mark.slow  # one real PPO job: about 1-2 min on 2 loaded cores
 def test_actor_and_critic_keep_limits_both_hold_in_a_ppo_run(tmp_path, ray_head):
     out = tmp_path / "ppo"
+    # No validation: what is checked is which checkpoints are kept (validation: test_trainer's GRPO run).
     jobs.run_job("ppo_tiny", [*SMALL, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
+                              "trainer.val_before_train=False",
                               "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
                               "critic.forward_micro_batch_size_per_gpu=16", "trainer.max_actor_ckpt_to_keep=1",
                               "trainer.max_critic_ckpt_to_keep=2", f"trainer.output_dir={out}"], tmp_path / "outputs",

@@ -50,7 +50,11 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
 
 def test_ppo_run_trains_actor_and_critic(tmp_path, ray_head):
     out = tmp_path / "ppo"
+    # No validation before training: validation does not touch the critic (rollout and reward
+    # only, Trainer.validate) and is proven in the GRPO run above; it was 256 generations, 8 times
+    # a SMALL step's 32.
     proc = jobs.run_job("ppo_tiny", [*SMALL, "trainer.total_training_steps=2", "trainer.test_freq=-1",
+                                     "trainer.val_before_train=False",
                                      "trainer.save_freq=-1", "critic.ppo_mini_batch_size=4",
                                      "critic.ppo_micro_batch_size_per_gpu=8",
                                      "critic.forward_micro_batch_size_per_gpu=16", f"trainer.output_dir={out}"],
