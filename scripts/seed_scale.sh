@@ -4,11 +4,13 @@
 #
 #   bash scripts/seed_scale.sh build         # the qwen3-0.6b-arith policy (SFT on GPU 0), cached in $REPRO_CACHE_DIR
 #   bash scripts/seed_scale.sh run [SEED]    # python -m repro.main_ppo -cn grpo_0p6b (60 steps, vLLM, ZeRO-2);
-#                                            # run again after a cut-off: it resumes from its step-30 checkpoint
+#                                            # run again after a cut-off: it resumes from its last checkpoint (every SAVE_FREQ=10 steps)
 #   bash scripts/seed_scale.sh gate          # the 0.6B gate case of nox -s gpu_e2e (pytest output in $OUT)
 #   bash scripts/seed_scale.sh six CASES STEPS [SEED]  # python -m repro.bench six-case on -cn grpo_0p6b
 #                                            # (validation off: the bench compares memory, speed and score)
 #
+# Each phase stops itself (SIGTERM, then SIGKILL 20 s later) well inside the device's 600 s call limit: a
+# command cut by that limit loses the machine and everything under /tmp.
 # Expects the project on PYTHONPATH with DeepSpeed, Ray, Hydra and vLLM importable (shared wheels), and $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,19 +33,19 @@ case "${1:-}" in
     ;;
   run)
     seed=${2:-1}; dir=$REPRO_OUTPUTS_DIR/grpo_0p6b_seed$seed
-    timeout "${RUN_TIMEOUT:-560}" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed="$seed" trainer.save_freq=${SAVE_FREQ:-10} \
+    timeout -k 20 "${RUN_TIMEOUT:-540}" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed="$seed" trainer.save_freq=${SAVE_FREQ:-10} \
       trainer.max_actor_ckpt_to_keep=1 trainer.progress=plain trainer.output_dir="$dir" "${@:3}" >> "$OUT/run_seed$seed.log" 2>&1
     echo "run rc=$?"; tail -5 "$OUT/run_seed$seed.log"; keep "$dir" "grpo_0p6b_seed$seed"
     ;;
   gate)
-    REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 REPRO_GATE_OUT="$REPRO_OUTPUTS_DIR/gate" timeout "${GATE_TIMEOUT:-570}" \
+    REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 REPRO_GATE_OUT="$REPRO_OUTPUTS_DIR/gate" timeout -k 20 "${GATE_TIMEOUT:-540}" \
       $PY -m pytest tests/gpu_e2e -m gpu -k 0p6b_policy -v -s -p no:cacheprovider "${@:2}" > "$OUT/gate_pytest.log" 2>&1
     echo "gate rc=$?"; tail -5 "$OUT/gate_pytest.log"
     for d in "$REPRO_OUTPUTS_DIR"/gate/*/; do [ -d "$d" ] && keep "${d%/}" "gate_$(basename "$d")"; done
     ;;
   six)
     cases=${2:?cases}; steps=${3:?steps}; seed=${4:-1}
-    timeout "${SIX_TIMEOUT:-570}" $PY -m repro.bench six-case --cases "$cases" --steps "$steps" --seed "$seed" \
+    timeout -k 20 "${SIX_TIMEOUT:-540}" $PY -m repro.bench six-case --cases "$cases" --steps "$steps" --seed "$seed" \
       --retries 0 --run-tag "six_${cases//,/_}_s$seed" --outputs-root "$REPRO_OUTPUTS_DIR" -- -cn grpo_0p6b \
       trainer.val_before_train=False trainer.test_freq=-1 "${@:5}" >> "$OUT/six_$seed.log" 2>&1
     echo "six rc=$?"; tail -4 "$OUT/six_$seed.log"
