@@ -15,9 +15,9 @@ given as ``shared_dirs`` are checked to be shared by every node (``repro.cluster
 the hosted class is built.
 
 ``REPRO_REUSE_RANKS=1`` (test suites: many short runs on one long-lived single-node CPU cluster
-joined through ``RAY_ADDRESS``) keeps the rank processes between runs: named detached actors,
-each put back to its pre-run state after a run (``repro.cluster.rank_reset``) and killed instead if the
-run failed on it. Every other run starts fresh rank processes and kills them at the end.
+joined through ``RAY_ADDRESS``) keeps the rank processes between runs: named detached actors, each put back
+to its pre-run state (``repro.cluster.rank_reset``), killed if the run failed (all, when a call failed).
+Every other run starts fresh rank processes and kills them at the end.
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ class WorkerGroup:
         self.per_node = cfg.trainer.n_gpus_per_node
         self.nnodes = cfg.trainer.nnodes
         self.world = self.per_node * self.nnodes
+        self.call_failed = False  # a call raised on some rank: shutdown kills the ranks unasked
         bundle = self._bundle()
         self._check_resources(bundle)
         per_node_bundle = placement.node_bundle(bundle, self.per_node)
@@ -335,6 +336,7 @@ class WorkerGroup:
         try:
             return gather(refs, method, self.hosts)
         except WorkerError as e:
+            self.call_failed = True
             if self.nnodes == 1:
                 raise  # a lost node would be the driver's own: nothing more to learn
             # The first error may be a survivor's (its collective lost the peer): look for a gone rank.
@@ -358,9 +360,9 @@ class WorkerGroup:
                 pass
 
     def shutdown(self) -> None:
-        """Kill the rank actors and free their placement groups; reused ranks are released instead,
-        unless the run failed on one of them or one does not answer."""
-        if getattr(self, "reuse", False) and self.actors:
+        """Kill the ranks, free their placement groups; release reused ranks instead unless a call failed or one
+        does not answer (a peer waiting in a collective for a failed rank would answer only at the timeout)."""
+        if getattr(self, "reuse", False) and self.actors and not getattr(self, "call_failed", True):
             try:
                 kept = ray.get([a.release.remote() for a in self.actors], timeout=_RELEASE_S)
             except Exception:  # noqa: BLE001 - a rank that cannot be released is killed below

@@ -290,3 +290,40 @@ def test_a_dead_rank_is_named(tmp_path, ray_head):
     assert proc.returncode == 1 and len(err) == 1, stderr[-4000:]
     assert err[0].startswith("error: rank 1 on host ") and " died in " in err[0], err[0]
     print(err[0])
+
+
+# One rank fails in the middle of an update (repro/workers/faults.py) while its peer goes on into the
+# update's gradient all-reduce and waits there. Without the driver stopping every rank the peer would
+# sit in gloo until the process group's 600 s timeout; the bound below is a fraction of that and a few
+# times what the whole job takes here (about 30-60 s on 2 cores, most of it start-up).
+_STOP_BOUND_S = 150
+_FAULTS = {  # kind -> what the failing rank's one line must say
+    "forward": "RuntimeError: injected fault",
+    "data": "IndexError: index out of range",
+    "oom": "-> out of GPU memory in update_actor: lower actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+}
+
+
+@pytest.mark.parametrize("kind", list(_FAULTS))
+def test_one_rank_failing_mid_update_stops_every_rank_with_its_error_first_and_keeps_the_last_checkpoint(
+        kind, tmp_path, ray_head):
+    out = tmp_path / "run"
+    env = job_env(tmp_path / "outputs", ray_head)
+    env["REPRO_FAULT_RANK"] = f"1:{kind}:2"  # rank 1, in the second update: after step 1's checkpoint
+    started = time.monotonic()
+    ran = jobs.run(_cmd("trainer.total_training_steps=2", "trainer.save_freq=1", f"trainer.output_dir={out}"),
+                   env, timeout=_STOP_BOUND_S + 60, check=False)
+    took = time.monotonic() - started
+    assert ran.returncode == 1, ran.stderr[-4000:]
+    assert took < _STOP_BOUND_S, f"the job took {took:.0f} s to stop after one rank failed"
+    err = [ln for ln in ran.stderr.splitlines() if ln.startswith("error:")]
+    assert len(err) == 1, ran.stderr[-4000:]
+    # The failing rank's error, not its peer's (whose collective lost the failing rank).
+    assert err[0].startswith("error: rank 1 on host ") and " failed in update_actor: " in err[0], err[0]
+    assert _FAULTS[kind] in err[0], err[0]
+    # Nothing past the last good checkpoint: step 1 saved and logged, step 2 neither.
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("global_step_"))
+    assert ckpts == ["global_step_1"], ckpts
+    assert (out / "metrics.tsv").read_text().strip().count("\n") == 1, "only step 1's row (and the header)"
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+    print(f"{kind}: stopped in {took:.1f} s: {err[0]}")
