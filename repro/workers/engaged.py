@@ -20,9 +20,9 @@ break that turns it red). Each entry is read from the object that does the work:
 - ``sp``: the size of DeepSpeed's sequence-parallel process group (1 without one);
   ``attention``: the attention implementation the model runs (Ulysses' ``repro_ulysses_<role>``);
 - ``fed``: what :meth:`RoleEngine.forward` handed the model since the last :meth:`FedInputs.reset`
-  (forwards, tokens, the widths, and how many came with an attention mask): the packed rows of
-  remove-padding carry no mask and fewer tokens than the padded batch, a Ulysses rank gets its
-  slice of the sequence.
+  (forwards, rows, tokens, the widths, and how many came with an attention mask): the packed rows
+  of remove-padding carry no mask, fewer tokens than the padded batch and, where samples fit
+  together, fewer rows than samples; a Ulysses rank gets its slice of the sequence.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ class FedInputs:
     """The ``input_ids`` shapes the engine's forwards received (shapes only: no device sync)."""
 
     forwards: int = 0
+    rows: int = 0
+    """Sum of the rows (samples, or packed rows holding several) the forwards ran."""
     tokens: int = 0
     """Sum of ``input_ids.numel()``: real and pad tokens the model ran on."""
     masked: int = 0
@@ -52,13 +54,14 @@ class FedInputs:
         if ids is None:
             return
         self.forwards += 1
+        self.rows += int(ids.shape[0])
         self.tokens += int(ids.numel())
         self.masked += int(inputs.get("attention_mask") is not None)
         if int(ids.shape[-1]) not in self.widths:
             self.widths = sorted([*self.widths, int(ids.shape[-1])])
 
     def reset(self) -> None:
-        self.forwards, self.tokens, self.masked, self.widths = 0, 0, 0, []
+        self.forwards, self.rows, self.tokens, self.masked, self.widths = 0, 0, 0, 0, []
 
 
 def _zero3_leaves(module: torch.nn.Module) -> tuple[list[str], int]:
