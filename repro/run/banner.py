@@ -2,9 +2,9 @@
 
 Without them a ZeRO-2 and a ZeRO-3 run, a LoRA run, an SP run and a remove-padding run look the
 same on the console and in ``train.log``. The lines come from the config (batch split, rollout,
-LoRA, SP, remove-padding) and, for ZeRO stage and offload, from what each rank's DeepSpeed engine
-reports once built (``HybridWorker.engine_setup``): an offload section a stage ignores shows as
-``device``, not as asked.
+LoRA, SP, remove-padding) and, for ZeRO stage and offload, the LoRA layers and the SP group, and the
+rollout built, from what each rank's engines report once built (``HybridWorker.engine_setup``,
+``repro.workers.engaged``): an offload section a stage ignores shows as ``device``, not as asked.
 """
 
 from __future__ import annotations
@@ -30,11 +30,16 @@ def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
     plan = plan_role_batch(cfg, role)
     split = (f"token budget {plan.max_token_len}/micro-batch" if plan.dynamic
              else f"micro {plan.micro} x GAS {plan.gas}")
-    words = [_engine_words(setup), f"dp {plan.dp} x sp {plan.sp}", f"{split} per rank",
+    sp_read = f" (read back sp {setup['sp']})" if setup and setup.get("sp", 1) > 1 else ""
+    words = [_engine_words(setup), f"dp {plan.dp} x sp {plan.sp}{sp_read}", f"{split} per rank",
              f"{plan.num_mini_batches} mini-batch(es) x {section.ppo_epochs} epoch(s)/step",
              "remove-padding " + ("on" if model.use_remove_padding else "off")]
     if role == "actor":
-        words.append(f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off")
+        lora = f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off"
+        if setup and setup.get("lora_layers"):
+            lora += (f" (read back: {setup['lora_layers']} adapter layers, "
+                     f"{setup['optimizer_base_params']} base params in the optimizer)")
+        words.append(lora)
     return f"  {role}: " + ", ".join(words)
 
 
@@ -82,4 +87,7 @@ def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: boo
     r = arr.rollout
     lines.append(f"  rollout: {r.name}, {cfg.data.train_batch_size} prompts x n={r.n}, temperature {r.temperature}, "
                  f"{r.response_length or cfg.data.max_response_length} new tokens")
+    built = engines.get("rollout")
+    if built:
+        lines[-1] += f"; built (read back): {built['rollout']} ({built['engine']})"
     return lines + inputs_lines(cfg)

@@ -183,6 +183,10 @@ class RoleEngine:
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         self.engine: Any = None
+        from repro.workers.engaged import FedInputs
+
+        self.fed = FedInputs()
+        """What the forwards handed the model (shapes; ``report()["fed"]``, reset by the caller)."""
         self.zero3_leaves: list[str] = []
         """Decoder layer classes fetched as ZeRO-3 leaf modules (empty below ZeRO-3 or when off)."""
         from repro.config.zero3 import use_leaves
@@ -215,7 +219,14 @@ class RoleEngine:
     def forward(self, **inputs: torch.Tensor) -> Any:
         """Forward through the engine (ZeRO-3 gathers parameters) or the plain module."""
         runner = self.engine if self.engine is not None else self.module
+        self.fed.add(inputs)
         return runner(**inputs)
+
+    def report(self) -> dict[str, Any]:
+        """What DeepSpeed, the module and the fed inputs say this role does (``repro.workers.engaged``)."""
+        from repro.workers.engaged import engine_report
+
+        return engine_report(self)
 
     def current_lr(self) -> float:
         return float(self.engine.get_lr()[0]) if self.trainable else 0.0

@@ -70,16 +70,16 @@ class HybridWorker:
         self._profiler: Any = None
 
     def engine_setup(self) -> dict[str, dict[str, Any]]:
-        """Per role with an engine of its own: ZeRO stage and placement as DeepSpeed built them
-        (the run's banner shows these, not what the config asked)."""
-        from repro.workers.placement import optimizer_placement, param_placement
+        """Per role with an engine of its own: what DeepSpeed and the module report once built
+        (ZeRO stage, placement, leaves, LoRA, SP: ``repro.workers.engaged``), and under ``rollout``
+        the rollout class and engine built. The run's banner shows these, not what the config asked."""
+        from repro.workers.engaged import rollout_report
 
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
         for role, worker in (("actor", self.actor), ("ref", self.ref), ("critic", self.critic)):
-            engine = worker.engine.engine if worker is not None else None
-            if engine is not None:
-                out[role] = {"stage": int(engine.zero_optimization_stage()), "optimizer": optimizer_placement(engine),
-                             "param": param_placement(engine)}
+            if worker is not None and worker.engine.engine is not None:
+                out[role] = worker.engine.report()
+        out["rollout"] = rollout_report(self.rollout)
         return out
 
     # ---- rollout ---------------------------------------------------------------------------

@@ -3,6 +3,8 @@ with the reference policy being the actor's base model (adapters disabled) for t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests import jobs
@@ -23,6 +25,11 @@ def test_grpo_with_lora_actor_learns(tmp_path, ray_head):
     out = tmp_path / "lora"
     jobs.run_job("grpo_tiny", [*LORA, f"trainer.output_dir={out}"], tmp_path / "outputs", ray_address=ray_head,
                  timeout=1500)
+    # LoRA engaged, as the ranks' engines read it back at start-up: adapter layers on the actor and
+    # no base parameter in DeepSpeed's optimizer (repro.workers.engaged; the config alone says "rank 16").
+    log = (out / "train.log").read_text()
+    assert re.search(r"LoRA rank 16 alpha 32 \(read back: [1-9]\d* adapter layers, 0 base params in the optimizer\)",
+                     log), [ln for ln in log.splitlines() if "actor:" in ln]
     rows = jobs.metrics(out)
     scores = [r["critic/score/mean"] for r in rows]
     assert len(scores) == 20

@@ -45,6 +45,8 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
         assert ("actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, micro 8 x GAS 1 "
                 "per rank, 2 mini-batch(es) x 2 epoch(s)/step, remove-padding off, LoRA off") in text
         assert "rollout: hf, 8 prompts x n=4" in text
+        # the rollout the ranks built, read back from them (HybridWorker.engine_setup)
+        assert "built (read back): HFRollout (Qwen3ForCausalLM)" in text
     assert "Token authentication" not in proc.stderr
 
 

@@ -39,6 +39,7 @@ def _train(rank: int, world: int, model_dir: str) -> list[dict]:
                 "prefetch": zero3.prefetch_elements,
                 "persistent": sum(bool(getattr(p, "ds_persist", False)) for p in params),
                 "n_params": len(params),
+                "engaged": worker.engine.report(),
             })
     return out
 
@@ -49,6 +50,10 @@ def test_size_aware_zero3_update_equals_deepspeed_defaults(pooled, tmp_path):
     runs = results[0]
     for old, new in zip(runs[0::2], runs[1::2], strict=True):
         assert (old["size_aware"], new["size_aware"]) == (False, True)
+        # The offload case really offloads (read back from the engine, not the config asked).
+        placed = ("cpu_offload", "cpu_offload") if new["offload"] == "cpu" else ("device", "device")
+        for run in (old, new):
+            assert (run["engaged"]["optimizer"], run["engaged"]["param"]) == placed, run["engaged"]
         assert (old["reduce_bucket_size"], old["prefetch"]) == (500_000_000, 50_000_000)
         assert (new["reduce_bucket_size"], new["prefetch"]) == (32 * 32, int(0.9 * 32 * 32))
         # DeepSpeed's threshold leaves the toy model whole; 10 * h partitions its matrices.

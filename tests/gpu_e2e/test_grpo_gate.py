@@ -75,6 +75,13 @@ def _memory_checks(gate: Gate, summary: dict, budget: dict) -> None:
         gate.check(f"{key} <= budget", isinstance(value, float) and value <= budget[key], value, budget[key])
 
 
+def _rollout_built(gate: Gate, out: Path, want: str) -> None:
+    """The rollout the ranks really built, as the run's setup line reads it back from them
+    (``HybridWorker.engine_setup``), not the ``rollout.name`` the config asked for."""
+    line = next((ln for ln in (out / "train.log").read_text().splitlines() if "built (read back):" in ln), "")
+    gate.check(f"the rollout built is {want}", f"built (read back): {want}" in line, line.strip(), want)
+
+
 def _finite_checks(gate: Gate, rows: list[dict]) -> None:
     bad = [(r["step"], k, r.get(k)) for r in rows for k in LOSS_KEYS
            if not (isinstance(r.get(k), float) and math.isfinite(r[k]))]
@@ -135,6 +142,7 @@ def _tiny_gate(case, zero, steps, margin, timeout, tmp_path, gpus, extra, budget
         f"actor_rollout_ref.actor.deepspeed.model_dtype={os.environ.get('REPRO_GATE_TINY_DTYPE', 'auto')}",
     ] + extra
     gate, rows, summary = _run_case(case, "grpo_tiny", overrides, tmp_path, timeout)
+    _rollout_built(gate, gate.out, "VLLMRollout (LLM)" if case.endswith("_vllm") else "HFRollout")
     gate.check("all steps ran", len(rows) == steps, len(rows), steps)
     first = rows[0]["critic/score/mean"]
     tail = summary["avg_score_tail5"]
@@ -217,6 +225,7 @@ def test_grpo_0p6b_policy_learns_on_held_out_problems_with_vllm(tmp_path):
     overrides = [f"trainer.total_training_steps={STEPS_0P6B}", f"trainer.seed={seed}",
                  f"trainer.experiment_name={case}"]
     gate, rows, summary = _run_case(case, "grpo_0p6b", overrides, tmp_path, timeout=560)
+    _rollout_built(gate, gate.out, "VLLMRollout (LLM)")
     gate.check("all steps ran", len(rows) == STEPS_0P6B, len(rows), STEPS_0P6B)
     before, last = summary.get("val_before_train"), summary.get("last_val_score")
     gate.check(f"validation at step {STEPS_0P6B} >= before training + {VAL_MARGIN_0P6B}",

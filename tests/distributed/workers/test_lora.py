@@ -1,6 +1,8 @@
 """LoRA actor (peft adapters) on 2 gloo ranks at ZeRO-2 and ZeRO-3: only the adapters train,
 the merged weights the rollout receives reproduce the engine's logits, the reference is the
-base model with adapters disabled, and a resumed run equals the uninterrupted one bitwise.
+base model with adapters disabled, and a resumed run equals the uninterrupted one bitwise. That LoRA
+was engaged is read back (``RoleEngine.report``): peft's adapter layers on the model, and
+DeepSpeed's optimizer updating adapters only.
 
 Logits and log-probs are compared with the fp32 error model (``tests/error_model.py``): the engine
 adds x A B to the base product where the merged model multiplies by W + s B A, and peft, ZeRO's
@@ -56,6 +58,7 @@ def _named(worker, adapters: bool) -> dict[str, torch.Tensor]:
 
 def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
     worker = _actor(model_dir, stage, world)
+    engaged = worker.engine.report()
     trainable = sorted(n for n, p in worker.engine.module.named_parameters() if p.requires_grad)
     base0, adapters0 = _named(worker, False), _named(worker, True)
     merged0 = params_of(worker)
@@ -68,7 +71,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int, root: str) -> dict:
                                        position_ids=batch["position_ids"], use_cache=False).logits
     worker.export_lora_adapter(os.path.join(root, "adapter"))
     out = {
-        "trainable": trainable, "base0": base0, "base1": _named(worker, False),
+        "engaged": engaged, "trainable": trainable, "base0": base0, "base1": _named(worker, False),
         "adapters0": adapters0, "adapters1": _named(worker, True), "merged0": merged0,
         "merged1": params_of(worker), "logits": logits, "metrics": metrics,
         "ref_log_probs": worker.compute_log_prob(batch, without_adapters=True)["log_probs"],
@@ -88,6 +91,15 @@ def test_lora_trains_only_adapters_exports_merged_weights_and_resumes_bitwise(po
     root = str(tmp_path / "ckpt")
     results = pooled(_run, 2, timeout_s=120, args=(model_dir, stage, root))
     res = results[0]
+    # Engaged: an adapter on every linear layer of the decoder (all-linear: q, k, v, o, gate, up,
+    # down per layer), and DeepSpeed's optimizer holding their A and B matrices and nothing else.
+    from repro.data.tiny_model import toy_qwen3_config
+
+    for rank_result in results:
+        engaged = rank_result["engaged"]
+        layers = 7 * toy_qwen3_config().num_hidden_layers
+        assert engaged["lora_layers"] == layers and engaged["optimizer_params"] == 2 * layers, engaged
+        assert engaged["optimizer_base_params"] == 0 and engaged["trainable_base_params"] == 0, engaged
     assert res["trainable"] and all(".lora_" in n for n in res["trainable"])
     for key in res["base0"]:  # the base never changes
         assert torch.equal(res["base0"][key], res["base1"][key]), key

@@ -6,7 +6,9 @@ weights, with padding and packed rows.
 The reference is peft's own LoRA on a plain Hugging Face model with torch AdamW; it starts from
 the worker's initial adapters (A is drawn from the torch seed; B is zero). Tolerances follow the
 fp32 error model (``tests/error_model.py``); AdamW runs with eps = lr, so parameters after a step
-differ by at most Adam's bounded gain times the gradients' bound (``helpers.PARITY_ADAM_EPS_PER_LR``)."""
+differ by at most Adam's bounded gain times the gradients' bound (``helpers.PARITY_ADAM_EPS_PER_LR``).
+Both features are read back from the engine (``RoleEngine.report``): adapters on the model and
+only they in DeepSpeed's optimizer, a 2-rank sequence-parallel group and Ulysses' attention."""
 
 from __future__ import annotations
 
@@ -67,7 +69,7 @@ def _run(rank: int, world: int, model_dir: str, stage: int) -> list[dict]:
         worker = ActorWorker(_cfg(model_dir, stage, remove_padding))
         adapters0 = _adapters(worker)
         metrics = worker.update_policy(batch)
-        out.append({"rmpad": remove_padding, "adapters0": adapters0, "adapters1": _adapters(worker),
+        out.append({"rmpad": remove_padding, "adapters0": adapters0, "engaged": worker.engine.report(), "adapters1": _adapters(worker),
                     "merged": params_of(worker), "grad_norm": metrics["actor/grad_norm"],
                     "log_probs": worker.compute_log_prob(probe)["log_probs"]})
     return out
@@ -136,6 +138,12 @@ def test_lora_with_sp2_equals_single_process_peft(pooled, tmp_path, stage):
         mask = probe["response_mask"][rows].bool()
         for res in results[rank]:
             case = (stage, rank, res["rmpad"])
+            engaged = res["engaged"]
+            assert engaged["lora_layers"] > 0 and engaged["optimizer_params"] == 2 * engaged["lora_layers"], engaged
+            assert engaged["optimizer_base_params"] == 0 and engaged["trainable_base_params"] == 0, engaged
+            assert engaged["sp"] == 2 and engaged["attention"] == "repro_ulysses_actor", engaged
+            # the update's forwards: mask-free rows, each rank at most half of its group's [8, 12]
+            assert engaged["fed"]["masked"] == 0 and 2 * engaged["fed"]["tokens"] <= SAMPLES * SEQ, engaged
             assert res["adapters1"].keys() == want_adapters.keys(), case
             moved = max((res["adapters1"][k] - res["adapters0"][k]).abs().max().item() for k in want_adapters)
             assert moved > 10 * p_tol, (case, "the adapters did not train", moved, p_tol)

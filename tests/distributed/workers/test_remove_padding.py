@@ -6,7 +6,9 @@ What remove-padding could get wrong is the forward and backward of the packed ro
 attending across each other, wrong positions, outputs scattered to the wrong slots), so the
 claim is checked where it lives: outputs, losses and every optimizer step's gradient before the
 optimizer. The optimizer is the same code on both paths; parameters after the steps are compared
-only through its bounded gain (AdamW with eps = lr, ``helpers.PARITY_ADAM_EPS_PER_LR``).
+only through its bounded gain (AdamW with eps = lr, ``helpers.PARITY_ADAM_EPS_PER_LR``). That the
+packed path really ran is read back from what the engine fed the model (``RoleEngine.report``):
+rows without an attention mask, fewer tokens than the padded shard.
 """
 
 from __future__ import annotations
@@ -63,13 +65,14 @@ def _run(rank: int, world: int, model_dir: str, stage: int, role: str) -> list[d
             else:
                 worker = CriticWorker(cfg, ds_overrides=overrides)
                 forward = worker.compute_values(batch)
+            fed = worker.engine.report()["fed"]  # the forward pass above: what the model received
             grads: list[dict] = []
             worker.engine.before_step = lambda engine, grads=grads: grads.append(full_grads(engine))
             init = params_of(worker)
             metrics = train_steps(worker, role, rank, world, range(STEPS), SAMPLES)
             params = params_of(worker)
             moved = max((params[k] - init[k]).abs().max().item() for k in params)
-            out.append({"dynamic": dynamic, "rmpad": remove_padding, "forward": forward, "grads": grads,
+            out.append({"dynamic": dynamic, "rmpad": remove_padding, "forward": forward, "grads": grads, "fed": fed,
                         "metrics": metrics, "params": params, "moved": moved})
     return out
 
@@ -79,9 +82,17 @@ def check(results: list[list[dict]], stage: int, role: str) -> None:
     for rank in range(2):
         mask = shard(make_step_batch(31, SAMPLES), rank, 2)["response_mask"].bool()
         by_case = {(r["dynamic"], r["rmpad"]): r for r in results[rank]}
+        shard_tokens = mask.shape[0] * SEQ  # the padded [B, P + R] shard
+        real_tokens = int(shard(make_step_batch(31, SAMPLES), rank, 2)["attention_mask"].sum())
         for dynamic in (False, True):
             case = (stage, role, dynamic)
             off, on = by_case[(dynamic, False)], by_case[(dynamic, True)]
+            # Engaged: the padded path fed [b, P + R] rows with their mask; the packed path fed
+            # mask-free rows holding every real token and fewer than the padded shard.
+            assert off["fed"]["masked"] == off["fed"]["forwards"] > 0, (*case, off["fed"])
+            assert off["fed"]["tokens"] == shard_tokens and off["fed"]["widths"] == [SEQ], (*case, off["fed"])
+            assert on["fed"]["forwards"] > 0 and on["fed"]["masked"] == 0, (*case, on["fed"])
+            assert real_tokens <= on["fed"]["tokens"] < shard_tokens, (*case, on["fed"], real_tokens)
             for key in off["forward"]:
                 want = off["forward"][key][mask]
                 diff = (want - on["forward"][key][mask]).abs().max().item()

@@ -2,7 +2,9 @@
 log-probs, values and updates equal a single-process run on the full sequences (fp32, within the
 error model of ``helpers.fp32_tol``),
 with left/right padding and with packed rows, at ZeRO-1/2/3; and the stock ZeRO-3 gradient path
-that the plan turns off (``reduce_scatter``) is pinned: it halves the gradient at sp=2."""
+that the plan turns off (``reduce_scatter``) is pinned: it halves the gradient at sp=2. That SP
+was engaged is read back (``RoleEngine.report``): DeepSpeed's sequence-parallel group has 2 ranks,
+the model runs Ulysses' attention, and each rank was fed its half of the sequence."""
 
 from __future__ import annotations
 
@@ -65,13 +67,16 @@ def _run(rank: int, world: int, model_dir: str, stage: int, role: str, overrides
         if role == "actor":
             worker = ActorWorker(cfg, ds_overrides=ds)
             forward = worker.compute_log_prob(batch, calculate_entropy=True)
-            metrics = worker.update_policy(batch)
         else:
             worker = CriticWorker(cfg, ds_overrides=ds)
             forward = worker.compute_values(batch)
+        engaged = worker.engine.report()  # after the forward pass only: what it fed the model
+        if role == "actor":
+            metrics = worker.update_policy(batch)
+        else:
             metrics = worker.update_critic(batch)
         out.append({"rmpad": remove_padding, "forward": forward, "params": params_of(worker),
-                    "grad_norm": metrics[f"{role}/grad_norm"]})
+                    "grad_norm": metrics[f"{role}/grad_norm"], "engaged": engaged})
     return out
 
 
@@ -113,6 +118,15 @@ def test_sp2_equals_single_process_with_padding_and_packed_rows(pooled, tmp_path
         mask = full["response_mask"][rows].bool()
         for res in results[rank]:
             case = (stage, role, res["rmpad"])
+            # Engaged: a 2-rank SP group in DeepSpeed, Ulysses' attention on the model, and each
+            # rank fed at most half of its group's padded [8, 12] rows (the padded path exactly
+            # its half of every row, no mask: the positions delimit the samples).
+            engaged = res["engaged"]
+            assert engaged["sp"] == 2 and engaged["attention"] == f"repro_ulysses_{role}", (case, engaged)
+            fed = engaged["fed"]
+            assert fed["forwards"] > 0 and fed["masked"] == 0 and 2 * fed["tokens"] <= SAMPLES * SEQ, (case, fed)
+            if not res["rmpad"]:
+                assert fed["widths"] == [SEQ // 2] and 2 * fed["tokens"] == SAMPLES * SEQ, (case, fed)
             if role == "actor":
                 got = res["forward"]["log_probs"]
                 want = want_forward[rows][mask]

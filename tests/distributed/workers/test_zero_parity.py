@@ -1,6 +1,8 @@
 """Actor and critic updates on 2 gloo ranks equal a single-process PyTorch reference (fp32).
 
-At ZeRO-3 the decoder layers are leaf modules (the workers' default, checked on the module).
+At ZeRO-3 the decoder layers are leaf modules (the workers' default), and the offload cases
+offload: both read back from the engine (``RoleEngine.report``, ``repro.workers.engaged``), not
+from the config.
 Each test runs one ZeRO stage; inside the same two rank processes it trains the actor and the
 critic with and without CPU offload (and with parameter offload at ZeRO-3), so the start-up
 cost is paid once per stage. Two RL steps of two mini-batches (two micro-batches each) each.
@@ -76,12 +78,7 @@ def _train_cases(rank: int, world: int, model_dir: str, cases: list[dict]) -> li
             batch = shard(make_step_batch(100 + step, SAMPLES), rank, world)
             update = worker.update_policy if case["role"] == "actor" else worker.update_critic
             metrics.append(update(batch))
-        from deepspeed.utils import get_z3_leaf_modules
-
-        # Read from the module: which decoder layers DeepSpeed really treats as ZeRO-3 leaves.
-        leaves = sorted({type(m).__name__ for m in get_z3_leaf_modules(worker.engine.module)})
-        out.append({"init": init, "final": params_of(worker), "metrics": metrics, "leaves": leaves,
-                    "n_leaves": len(get_z3_leaf_modules(worker.engine.module))})
+        out.append({"init": init, "final": params_of(worker), "metrics": metrics, "engaged": worker.engine.report()})
         print(f"case {case}: {time.perf_counter() - t0:.1f} s", flush=True)
     return out
 
@@ -90,10 +87,19 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
     for i, case in enumerate(cases):
         cfg = _cfg(model_dir, case, world)
         ranks = [r[i] for r in results]
-        # ZeRO-3 runs with the decoder layers as leaf modules (the workers' default): exact all the same.
-        want_leaves = ["Qwen3DecoderLayer"] if case["stage"] == 3 else []
-        assert ranks[0]["leaves"] == want_leaves, case
-        assert ranks[0]["n_leaves"] == (toy_qwen3_config().num_hidden_layers if case["stage"] == 3 else 0), case
+        # ZeRO-3 runs with the decoder layers as leaf modules (the workers' default): exact all the
+        # same. Read back: the layers DeepSpeed registered as leaves at initialize, none of whose
+        # submodules got a fetch hook of their own; and where the optimizer states and the
+        # parameter partitions really are.
+        for rank in ranks:
+            engaged = rank["engaged"]
+            assert engaged["stage"] == case["stage"], case
+            layers = toy_qwen3_config().num_hidden_layers if case["stage"] == 3 else 0
+            assert engaged["zero3_leaves"] == ["Qwen3DecoderLayer"] * layers, (case, engaged)
+            assert engaged["zero3_hooked_in_leaves"] == 0, (case, engaged)
+            placed = ("cpu_offload" if case["offload"] == "cpu" else "device",
+                      "cpu_offload" if case["param_offload"] else "device")
+            assert (engaged["optimizer"], engaged["param"]) == placed, (case, engaged)
         # Every rank holds the same full weights after gathering.
         assert max_abs_diff(ranks[0]["final"], ranks[1]["final"]) == 0.0, case
         ref = Reference(cfg, case["role"])

@@ -40,3 +40,17 @@ def test_the_offload_shown_is_the_engines_not_the_configs():
     # ZeRO-2 with offload=cpu asked, but an engine that kept its optimizer on the device says so.
     asked = _banner("actor_rollout_ref.actor.deepspeed.offload=cpu")
     assert "optimizer=device" in asked[1]
+
+
+def test_lora_sp_and_the_rollout_show_what_the_engines_read_back():
+    # engine_setup's report (repro.workers.engaged): the banner prints what was built beside what was asked.
+    built = {"actor": {**ZERO2["actor"], "sp": 2, "lora_layers": 14, "optimizer_base_params": 0},
+             "rollout": {"rollout": "HFRollout", "engine": "Qwen3ForCausalLM"}}
+    lines = _banner("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16",
+                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", engines=built)
+    assert "dp 1 x sp 2 (read back sp 2)" in lines[1]
+    assert lines[1].endswith("LoRA rank 8 alpha 16 (read back: 14 adapter layers, 0 base params in the optimizer)")
+    assert lines[2].endswith("; built (read back): HFRollout (Qwen3ForCausalLM)")
+    # a LoRA config whose engine holds no adapter prints no adapter count
+    bare = _banner("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
+    assert "read back:" not in bare[1]

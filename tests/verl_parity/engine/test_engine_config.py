@@ -1,7 +1,8 @@
 """The verl side of the DeepSpeed engine without ranks: plugin loading, Hydra composition, config errors.
 
 - the ``verl.plugins`` entry point declared in pyproject.toml, loaded by verl's own loader on
-  ``import verl`` (a throwaway dist-info carries the declaration; nothing is pip-installed);
+  ``import verl`` (a throwaway dist-info carries the declaration; nothing is pip-installed), and a
+  broken one that says so at error level (verl itself logs it at debug level only);
 - ``model_engine=deepspeed`` composed by verl's trainer config (``ppo_trainer``) with repro's
   search path, instantiated into the engine's dataclasses for actor, ref (as verl's worker
   rewrites it) and critic;
@@ -25,21 +26,47 @@ ROOT = pathlib.Path(__file__).resolve().parents[3]
 SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
 
 
-def test_entry_point_registers_the_engine_when_verl_is_imported(tmp_path: pathlib.Path) -> None:
+def _import_verl(tmp_path: pathlib.Path, probe: str, *, break_engine: bool = False):
+    """``import verl`` in a fresh process that sees repro's ``verl.plugins`` entry point as
+    pyproject.toml declares it (a throwaway dist-info; nothing is pip-installed), then ``probe``.
+    ``break_engine``: the engine module fails to import (``sitecustomize`` poisons its
+    ``sys.modules`` entry), as it would if a verl API it uses moved."""
     eps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["verl.plugins"]
     dist = tmp_path / "repro_probe-0.0.dist-info"
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: repro-probe\nVersion: 0.0\n")
     (dist / "entry_points.txt").write_text("[verl.plugins]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
-    probe = ("import verl\nfrom verl.workers.engine import EngineRegistry as R\n"
-             "print(R.get_engine_cls('language_model', 'deepspeed').__name__, "
-             "R.get_engine_cls('value_model', 'deepspeed').__name__)")
+    if break_engine:
+        (tmp_path / "sitecustomize.py").write_text(
+            "import sys\nsys.modules['repro.integrations.verl.engine'] = None\n")
     env = {**os.environ, "PYTHONPATH": pythonpath(tmp_path, ROOT), "DS_ACCELERATOR": "cpu",
            "VERL_USE_EXTERNAL_PLUGINS": "auto"}
-    out = subprocess.run([sys.executable, "-W", "ignore", "-c", probe], env=env, capture_output=True, text=True,
-                         timeout=300)
+    env.pop("VERL_USE_EXTERNAL_MODULES", None)  # the entry point alone
+    return subprocess.run([sys.executable, "-W", "ignore", "-c", "import verl\n" + probe], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+REGISTERED = ("from verl.workers.engine import EngineRegistry as R\n"
+              "print(R._engines.get('language_model', {}).get('deepspeed'), "
+              "R._engines.get('value_model', {}).get('deepspeed'))")
+
+
+def test_entry_point_registers_the_engine_when_verl_is_imported(tmp_path: pathlib.Path) -> None:
+    out = _import_verl(tmp_path, REGISTERED)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.split()[-2:] == ["DeepSpeedEngine", "DeepSpeedValueEngine"], out.stdout
+    # verl's registry, read after `import verl` alone: repro's classes under backend "deepspeed"
+    assert "DeepSpeedEngine" in out.stdout.split("\n")[-2] and "DeepSpeedValueEngine" in out.stdout, out.stdout
+    assert "did not register" not in out.stderr
+
+
+def test_a_broken_plugin_says_so_at_error_level(tmp_path: pathlib.Path) -> None:
+    # verl catches the failing entry point and logs it at debug level: without repro's own error
+    # line, `import verl` would pass in silence and model_engine=deepspeed fail later, unexplained.
+    out = _import_verl(tmp_path, REGISTERED, break_engine=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split("\n")[-2] == "None None", out.stdout  # really not registered
+    assert "repro's DeepSpeed engine for verl did not register" in out.stderr, out.stderr[-3000:]
+    assert "repro.integrations.verl.engine" in out.stderr, out.stderr[-3000:]  # the cause, with its traceback
 
 
 def _compose(*overrides: str):

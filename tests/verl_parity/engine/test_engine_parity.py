@@ -95,7 +95,8 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
                                    save=save)
             result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine),
                       "offloaded": (engine.is_optimizer_offload_enabled, engine.is_param_offload_enabled,
-                                    sorted(k for k in engine.role.ds_config["zero_optimization"] if "offload" in k))}
+                                    sorted(k for k in engine.role.ds_config["zero_optimization"] if "offload" in k)),
+                      "engaged": engine.role.report()}
             if name == "actor_lora":  # the LoRA reference: the trained actor with its adapters off
                 result["infer"] = h.infer_log_probs(engine, rank, world)
                 result["infer_base"] = h.infer_log_probs(engine, rank, world, base=True)
@@ -124,7 +125,7 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
     grads: dict = {}
     h.capture_grads(engine, grads)
     out[(2, "actor_ulysses")] = {"init": h.full_params(engine), "steps": h.engine_steps(engine, loss_fn, rank, world),
-                                 "grads": grads, "final": h.full_params(engine)}
+                                 "grads": grads, "final": h.full_params(engine), "engaged": engine.role.report()}
     return out
 
 
@@ -188,12 +189,37 @@ def check_case(ranks: list[dict], name: str, model_dir: str, case_name: str | No
                               h.params_tol([s["grad_norm"] for s in worker["steps"]], worker["final"]))
 
 
+def assert_engaged(engaged: dict, stage: int, case: dict, sp: int = 1) -> None:
+    """The features a case claims, read back from the engine it ran (``RoleEngine.report``,
+    ``repro.workers.engaged``), not from the config it was given."""
+    label = (stage, case, engaged)
+    assert engaged["stage"] == stage, label
+    offload = case.get("offload", False)
+    assert engaged["optimizer"] == ("cpu_offload" if offload else "device"), label
+    assert engaged["param"] == ("cpu_offload" if offload and stage == 3 else "device"), label
+    lora = case.get("lora_rank", 0) > 0
+    # ZeRO-3 fetches each decoder layer whole (the engine's default), except for a LoRA model.
+    assert engaged["zero3_leaves"] == (["Qwen3DecoderLayer"] * 2 if stage == 3 and not lora else []), label
+    assert engaged["zero3_hooked_in_leaves"] == 0, label
+    assert (engaged["lora_layers"] > 0) == lora and engaged["optimizer_base_params"] == (
+        0 if lora else engaged["optimizer_params"]), label
+    # verl's packed rows (use_remove_padding) reach the model without a mask; the padded path with one.
+    fed = engaged["fed"]
+    packed = case.get("remove_padding", True) or sp > 1
+    assert fed["forwards"] > 0 and fed["masked"] == (0 if packed else fed["forwards"]), label
+    assert engaged["sp"] == sp, label
+    if sp > 1:
+        assert engaged["attention"] == "repro_ulysses_actor", label
+
+
 @pytest.mark.parametrize("stage,name", [(s, c) for s in STAGES for c in _cases(s)])
 def test_engine_matches_workers_and_reference(trained: dict, stage: int, name: str) -> None:
     ranks = [r[(stage, name)] for r in trained["ranks"]]
     if name == "actor_offload":  # verl's train/eval contexts saw the stage-aware offload
         want = ["offload_optimizer"] + (["offload_param"] if stage == 3 else [])  # what DeepSpeed was given
         assert ranks[0]["offloaded"] == (True, stage == 3, want)
+    for rank in ranks:
+        assert_engaged(rank["engaged"], stage, CASES[name])
     check_case(ranks, name, trained["model_dir"])
 
 
@@ -217,6 +243,8 @@ def test_ulysses_engine_matches_the_reference(trained: dict) -> None:
     """ZeRO-2 with a Ulysses group of both ranks (sp=2, dp=1): each rank forwards half of every
     packed row; the same numbers as the reference (the ranks' mean loss is the whole loss here)."""
     ranks = [r[(2, "actor_ulysses")] for r in trained["ranks"]]
+    for rank in ranks:
+        assert_engaged(rank["engaged"], 2, CASES["actor"], sp=2)
     assert [s["grad_norm"] for s in ranks[1]["steps"]] == [None] * h.STEPS  # verl: outputs on sp rank 0 only
     h.assert_params_close("Ulysses rank parity", ranks[1]["final"], ranks[0]["final"], tol=0.0)
     check_case(ranks[:1], "actor_ulysses", trained["model_dir"], case_name="actor")
