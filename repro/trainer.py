@@ -88,6 +88,7 @@ class PPOTrainer:
         from repro.rewards import reward_lookup
 
         self.cfg, self.paths = cfg, paths
+        self.custom_reward = custom_reward(cfg) is not None
         self.get_reward_fn = reward_lookup(custom_reward(cfg))
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
@@ -142,7 +143,8 @@ class PPOTrainer:
         texts = decode_responses(self.tokenizer, batch["responses"], batch["response_mask"])
         sources = [it["data_source"] for it in items for _ in range(n)]
         truths = [it["ground_truth"] for it in items for _ in range(n)]
-        return score_responses(texts, sources, truths, self.get_reward_fn, self.cfg.reward.reward_kwargs)
+        infos = [it["extra_info"] for it in items for _ in range(n)] if self.custom_reward else None
+        return score_responses(texts, sources, truths, self.get_reward_fn, self.cfg.reward.reward_kwargs, infos)
 
     def _fan(self, method: str, batch: Batch, keys: tuple[str, ...]) -> list[Any]:
         assert self.group is not None

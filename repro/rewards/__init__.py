@@ -4,7 +4,8 @@
 ``fn(solution_str, ground_truth, method="strict", format_score=0.0, score=1.0) -> float``;
 the trainer passes ``reward.reward_kwargs`` (``method``, ``format_score``, ``score``) through.
 ``reward_lookup(custom_reward(cfg))`` is what the trainer uses: the same lookup, or verl's reward plug-in
-(``custom_reward_function``, :mod:`repro.rewards.custom`) for every data source when one is set.
+(``custom_reward_function``, :mod:`repro.rewards.custom`) for every data source when one is set; the
+plug-in also gets the row's ``extra_info`` (``score_responses(..., extra_infos=...)``), the rules do not.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def get_reward_fn(data_source: str) -> RewardFn:
 def reward_lookup(found: tuple[str, Any] | None) -> Callable[[str], RewardFn]:
     """``data_source -> reward fn``: the plug-in ``found`` ((config key, its section), from
     ``repro.config.custom_reward(cfg)``) if one is set, else the rule rewards."""
-    from repro.rewards.custom import as_float, load_custom_reward
+    from repro.rewards.custom import as_float, load_custom_reward, verl_extra_info
 
     if found is None:
         return get_reward_fn
@@ -50,7 +51,10 @@ def reward_lookup(found: tuple[str, Any] | None) -> Callable[[str], RewardFn]:
 
     def lookup(data_source: str) -> RewardFn:
         # reward.reward_kwargs are the GSM8K rule's; the plug-in has its own (bound at load).
-        return lambda solution_str, ground_truth, **_: as_float(fn(data_source, solution_str, ground_truth, None))
+        def score(solution_str: str, ground_truth: str, extra_info: dict | None = None, **_: Any) -> float:
+            return as_float(fn(data_source, solution_str, ground_truth, verl_extra_info(extra_info)))
+
+        return score
 
     return lookup
 

@@ -47,6 +47,12 @@ def load_custom_reward(key: str, path: str, name: str, reward_kwargs: Mapping[st
     return wrapped
 
 
+def verl_extra_info(extra_info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The ``extra_info`` verl 0.9's naive reward manager passes for a single-turn rollout: the row's own,
+    plus ``num_turns`` (None) and ``rollout_reward_scores`` ({}), so a function that reads it runs the same."""
+    return {**(extra_info or {}), "num_turns": None, "rollout_reward_scores": {}}
+
+
 def check_score(key: str, fn: CustomFn, sample: Mapping[str, Any]) -> float:
     """Call ``fn`` once on ``sample`` (data_source, solution_str, ground_truth, extra_info); a float or ``ValueError``."""
     try:

@@ -30,10 +30,16 @@ def score_responses(
     ground_truths: Sequence[str],
     get_reward_fn: Callable[[str], Callable[..., float]],
     reward_kwargs: Mapping[str, Any],
+    extra_infos: Sequence[Mapping[str, Any]] | None = None,
 ) -> torch.Tensor:
-    """One float score per response from its data source's reward function."""
-    scores = [float(get_reward_fn(src)(text, gt, **reward_kwargs))
-              for text, src, gt in zip(texts, data_sources, ground_truths, strict=True)]
+    """One float score per response from its data source's reward function; with ``extra_infos`` (the
+    rows' ``extra_info``, one per response) each call also gets ``extra_info=`` (verl's reward plug-in)."""
+    if extra_infos is None:
+        scores = [float(get_reward_fn(src)(text, gt, **reward_kwargs))
+                  for text, src, gt in zip(texts, data_sources, ground_truths, strict=True)]
+    else:
+        scores = [float(get_reward_fn(src)(text, gt, extra_info=dict(info), **reward_kwargs))
+                  for text, src, gt, info in zip(texts, data_sources, ground_truths, extra_infos, strict=True)]
     return torch.tensor(scores, dtype=torch.float32)
 
 

@@ -49,7 +49,7 @@ def _sources_and_sample(cfg: RunConfig) -> tuple[list[tuple[str, str]], dict[str
 def check_rewards(cfg: RunConfig) -> None:
     """The plug-in (if set) loads and returns a number on a sample; else every source has a rule reward."""
     from repro.rewards import known_sources
-    from repro.rewards.custom import check_score, load_custom_reward
+    from repro.rewards.custom import check_score, load_custom_reward, verl_extra_info
 
     plugin = custom_reward(cfg)
     sources, sample = _sources_and_sample(cfg)
@@ -68,4 +68,5 @@ def check_rewards(cfg: RunConfig) -> None:
         sample = {"data_source": "repro/arith", "ground_truth": "4", "extra_info": {"split": "train", "index": 0}}
     # A well-formed answer, so a function that only scores the happy path is exercised too.
     sample["solution_str"] = f"The answer is #### {sample['ground_truth']}"
+    sample["extra_info"] = verl_extra_info(sample.get("extra_info"))
     check_score(key, fn, sample)
