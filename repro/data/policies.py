@@ -54,6 +54,12 @@ class BuiltInPolicy:
 
         return read_report(self.cached()) is not None
 
+    def is_shipped(self) -> bool:
+        """Copied from the files repro ships (``repro.data.tiny_fixture``), not trained on this machine."""
+        from repro.data import tiny_fixture
+
+        return tiny_fixture.serves(self.recipe, self.device_type, self.folder)
+
     def ensure(self, out_dir: str | os.PathLike[str] | None = None) -> Path:
         """The built policy's folder (copied to ``out_dir`` when given), building it if needed."""
         import torch

@@ -1,8 +1,7 @@
 """SFT warm start of a built-in policy on the arithmetic task, cached on disk by recipe.
 
-Two recipes are named in ``repro.data.policies``: the tiny policy (1 M parameters, built on CPU)
-and the Qwen3-0.6B-shaped one (built on a GPU in bf16). What follows is said of the tiny one;
-the 0.6B recipe differs in its shape, batch, learning rate, warm-up and dtype only.
+Two recipes are named in ``repro.data.policies``: the tiny policy (1 M parameters, on CPU) and the
+Qwen3-0.6B-shaped one (on a GPU, bf16; it differs in shape, batch, learning rate, warm-up and dtype).
 
 A freshly initialised tiny Qwen3 scores ~0 on the task, which gives GRPO nothing to reinforce;
 trained to convergence it scores ~1, which leaves no room to improve. Accuracy under SFT jumps
@@ -11,14 +10,14 @@ training stops the first time held-out greedy accuracy (checked every ``eval_eve
 reaches ``threshold`` (measured with recipe version 1: 0.26-0.41 over five seeds for threshold
 0.25; version 2, seed 0: 0.28 after 240 steps).
 
-SFT trains on the task's ``train`` region and stops on its own held-out set (the ``sft_val``
-region); the RL validation set (``rl_val``) is disjoint from both (``repro.data.arith``).
+SFT trains on the ``train`` region and stops on its own held-out set (``sft_val``); the RL validation
+set (``rl_val``) is disjoint from both (``repro.data.arith``).
 
-Plain PyTorch, deterministic from the seed on a given device. The result is a Hugging Face model
-folder (weights, config, tokenizer, ``repro_tiny_policy.json`` with the figures) stored under
-``$REPRO_CACHE_DIR`` (default ``~/.cache/repro``) in ``tiny-policy/<hash of recipe>``, so a second
-call returns at once. The hash covers the torch and transformers versions too: one machine
-rebuilds the same weights bit for bit (tested), other library releases give other weights.
+Plain PyTorch, deterministic from the seed on one machine (not across CPU models: the default tiny
+recipe's policy is therefore shipped, ``repro.data.tiny_fixture``, and copied instead of trained). The
+result is a Hugging Face model folder (weights, config, tokenizer, ``repro_tiny_policy.json`` with the
+figures) under ``$REPRO_CACHE_DIR`` (default ``~/.cache/repro``) in ``<folder>/<hash of recipe and of the
+torch and transformers versions>``, so a second call returns at once.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from repro.data import arith
+from repro.data import arith, tiny_fixture
 from repro.data.tiny_model import PolicyShape, build_model, num_parameters, save_model, tiny_config
 from repro.data.tokenizer import build_tokenizer
 from repro.devices import default_device
@@ -378,7 +377,10 @@ def ensure_tiny_policy(out_dir: str | os.PathLike[str] | None = None, recipe: SF
             if read_report(cached) is None:
                 tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cached.parent))
                 try:
-                    train_tiny_policy(recipe, tmp, device)
+                    if tiny_fixture.serves(recipe, device.type, folder):
+                        tiny_fixture.materialize(tmp, key)  # shipped: the same policy on every machine
+                    else:
+                        train_tiny_policy(recipe, tmp, device)
                     shutil.rmtree(cached, ignore_errors=True)
                     os.replace(tmp, cached)
                 except BaseException:

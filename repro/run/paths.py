@@ -76,7 +76,7 @@ def resolve_builtin_assets(cfg: RunConfig) -> RunConfig:
 
 def _built_in_folder(policy: BuiltInPolicy) -> str:
     """The built-in policy's folder, built first if this machine has no copy (and saying so)."""
-    if not policy.is_built():
+    if not policy.is_built() and not policy.is_shipped():
         # The first run is otherwise silent for the build (minutes on a loaded machine).
         log.info("building the %s policy (SFT on %s, about %.1f min; once per machine): it is cached in %s "
                  "(REPRO_CACHE_DIR sets the folder) and every later run reuses it",

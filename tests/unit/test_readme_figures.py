@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+from repro.data import tiny_fixture
 from repro.data.sft import RECIPE_VERSION, SFTRecipe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,10 @@ def test_the_committed_main_job_is_of_this_checkouts_tiny_policy():
     assert report["device"] == "cpu"
     pinned = re.search(r"^transformers==(\S+)$", (ROOT / "constraints" / "cpu.txt").read_text(), re.M).group(1)
     assert report["libraries"]["transformers"] == pinned
+    # ... and of the shipped policy every machine gets (repro/data/tiny_fixture.py), not of a local build.
+    shipped = json.loads((tiny_fixture.FOLDER / tiny_fixture.REPORT).read_text())
+    assert {k: report[k] for k in ("final_loss", "sft_steps", "accuracy_after")} == \
+        {k: shipped[k] for k in ("final_loss", "sft_steps", "accuracy_after")}
 
 
 def test_a_stale_figure_is_caught(tmp_path):
