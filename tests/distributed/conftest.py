@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.jobs import GRPO_3_STEPS, SharedRun
 from tests.multirank import run_ranks
 from tests.rank_pool import RankPool
 
@@ -112,3 +113,19 @@ def ray_head() -> Iterator[str]:
             yield head.address
         finally:
             head.shutdown()
+
+
+@pytest.fixture(scope="session")
+def grpo_3_step_reference(tmp_path_factory: pytest.TempPathFactory, ray_head: str) -> Iterator[SharedRun]:
+    """The uninterrupted 3-step GRPO job (``jobs.GRPO_3_STEPS``) that the 2-node test and the kill -9
+    resume test both compare with: run once per session, by whichever of them starts first, and
+    read by both from the folder all xdist workers share (the session's temp root; a worker's own
+    basetemp without xdist). Saves one warm job per suite (~10 CPU s). A worker that starts it runs
+    it on its own ``ray_head`` (torn down after this fixture, so the job never outlives it)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    run = SharedRun(root / "grpo_3_step_reference", "grpo_tiny", GRPO_3_STEPS, ray_head)
+    try:
+        yield run
+    finally:
+        run.close()
