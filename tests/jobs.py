@@ -59,6 +59,16 @@ SMALL = [
 # they are, results/test_suite_speed.md, 2026-11-26); a checkpoint at step 2, where both interrupt.
 GRPO_3_STEPS = [*SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3",
                 "trainer.save_freq=2"]
+# The 3-step PPO job (actor and critic) that tests/distributed/test_trainer.py checks as a run
+# (every output, finite actor and critic metrics) and tests/distributed/test_checkpoint_fallback.py
+# checks for which checkpoints each role keeps: one job serves both (:class:`SharedRun`). Saving
+# every step does not touch a metric check_outputs reads, and the keep limits only prune folders.
+# No validation: it does not touch the critic (Trainer.validate: rollout and reward) and is
+# proven in test_trainer's GRPO run.
+PPO_3_STEPS_KEEP = [*SMALL, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
+                    "trainer.val_before_train=False", "critic.ppo_mini_batch_size=4",
+                    "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=16",
+                    "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2"]
 # Metrics that must be identical between a resumed run and an uninterrupted one (timings excluded).
 DETERMINISTIC = ("critic/score/mean", "critic/advantages/mean", "response_length/mean", "actor/pg_loss",
                  "actor/grad_norm", "actor/entropy", "actor/ppo_kl", "actor/lr")
@@ -177,7 +187,7 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int, timeou
 
 
 class SharedRun:
-    """One job that several tests compare with, run once per pytest session, across xdist workers.
+    """One job that several tests read, run once per pytest session, across xdist workers.
 
     ``root`` is a folder every worker of the session sees (the session fixture passes the
     workers' common temp root). The first test to call :meth:`start` starts the job (on its own
@@ -213,16 +223,24 @@ class SharedRun:
 
         threading.Thread(target=record_exit, daemon=True).start()
 
-    def rows(self, timeout: float = 300) -> list[dict]:
-        """The job's metrics rows once it has ended (started by :meth:`start` here or on another worker)."""
+    def wait(self, timeout: float = 300) -> Path:
+        """The job's run folder once it has ended with exit 0 (started by :meth:`start` here or on
+        another worker); its console output (stdout and stderr) is :meth:`output`."""
         deadline = time.time() + timeout
         while not (self.root / "rc").exists():
             if time.time() > deadline:
                 raise AssertionError(f"the shared run in {self.root} did not end within {timeout} s")
             time.sleep(0.2)
         rc = int((self.root / "rc").read_text())
-        assert rc == 0, f"the shared run failed (rc {rc}):\n{(self.root / 'log').read_text()[-6000:]}"
-        return metrics(self.run_dir)
+        assert rc == 0, f"the shared run failed (rc {rc}):\n{self.output()[-6000:]}"
+        return self.run_dir
+
+    def rows(self, timeout: float = 300) -> list[dict]:
+        """The job's metrics rows once it has ended."""
+        return metrics(self.wait(timeout))
+
+    def output(self) -> str:
+        return (self.root / "log").read_text()
 
     def close(self, timeout: float = 300) -> None:
         """At the end of the session of the worker that started the job: it must not outlive that
