@@ -140,3 +140,22 @@ def test_the_launcher_analyze_and_export_do_not_import_torch():
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root,
                          env=dict(os.environ, PYTHONPATH=pythonpath(root)))
     assert out.stdout.strip() == "[]", out.stdout[:2000]
+
+
+def test_a_flight_recorder_dump_answers_the_symbolizer_without_importing_inductor(monkeypatch):
+    # torch's C++ symbolizer looks up torch._inductor.codecache.PyCodeCache.stack_frames_for_code at
+    # each dump; in a process that never imported inductor the real one answers None for every frame
+    # (nothing compiled, PyCodeCache.linemaps empty), so the stand-in must too, and go away after.
+    import types
+
+    from repro.collectives.launch.stall import _no_inductor_import
+
+    fake_torch = types.SimpleNamespace()
+    monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
+    with _no_inductor_import(fake_torch):
+        assert fake_torch._inductor.codecache.PyCodeCache.stack_frames_for_code("/x.py", 3) is None
+    assert not hasattr(fake_torch, "_inductor")
+    # A process with inductor imported (a compiled program) keeps the real one.
+    monkeypatch.setitem(sys.modules, "torch._inductor", types.ModuleType("torch._inductor"))
+    with _no_inductor_import(fake_torch):
+        assert not hasattr(fake_torch, "_inductor")
