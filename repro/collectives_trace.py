@@ -28,12 +28,15 @@ This module is the entry point and the public API; the tool lives in :mod:`repro
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from repro.collectives.analyze.align import Divergence
 from repro.collectives.analyze.findings import analyze, load_traces
 from repro.collectives.check.checker import CollectiveMismatchError
 from repro.collectives.cli import main
-from repro.collectives.record.session import install_from_env, trace_collectives
+
+if TYPE_CHECKING:  # imported on first use (__getattr__ below)
+    from repro.collectives.record.session import install_from_env, trace_collectives
 
 __all__ = [
     "CollectiveMismatchError",
@@ -44,6 +47,18 @@ __all__ = [
     "main",
     "trace_collectives",
 ]
+
+
+
+def __getattr__(name: str):
+    # The recording API imports torch; ``python -m repro.collectives_trace launch|analyze|export``
+    # does not need it (~3 CPU s per process on a 2-core machine), so it is imported on first use.
+    if name in ("install_from_env", "trace_collectives"):
+        from repro.collectives.record import session
+
+        return getattr(session, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -22,11 +22,13 @@ checked with :func:`check_outputs`. Rank-level tests (a function on N ranks, no 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -49,6 +51,24 @@ SMALL = [
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
     "trainer.progress=plain",
 ]
+# The uninterrupted 3-step GRPO job that two proofs compare with bitwise: the 2-node run
+# (tests/distributed/cluster/test_multinode.py) and the run resumed after a kill -9
+# (tests/distributed/test_run_safety.py). Both build their own runs from these overrides, so the
+# reference is the same config by construction, and one run of it serves both (:class:`SharedRun`).
+# No validation: neither compares a validation figure (and it leaves the training rows bitwise as
+# they are, results/test_suite_speed.md, 2026-11-26); a checkpoint at step 2, where both interrupt.
+GRPO_3_STEPS = [*SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3",
+                "trainer.save_freq=2"]
+# The 3-step PPO job (actor and critic) that tests/distributed/test_trainer.py checks as a run
+# (every output, finite actor and critic metrics) and tests/distributed/test_checkpoint_fallback.py
+# checks for which checkpoints each role keeps: one job serves both (:class:`SharedRun`). Saving
+# every step does not touch a metric check_outputs reads, and the keep limits only prune folders.
+# No validation: it does not touch the critic (Trainer.validate: rollout and reward) and is
+# proven in test_trainer's GRPO run.
+PPO_3_STEPS_KEEP = [*SMALL, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
+                    "trainer.val_before_train=False", "critic.ppo_mini_batch_size=4",
+                    "critic.ppo_micro_batch_size_per_gpu=8", "critic.forward_micro_batch_size_per_gpu=16",
+                    "trainer.max_actor_ckpt_to_keep=1", "trainer.max_critic_ckpt_to_keep=2"]
 # Metrics that must be identical between a resumed run and an uninterrupted one (timings excluded).
 DETERMINISTIC = ("critic/score/mean", "critic/advantages/mean", "response_length/mean", "actor/pg_loss",
                  "actor/grad_norm", "actor/entropy", "actor/ppo_kl", "actor/lr")
@@ -164,6 +184,74 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int, timeou
             raise AssertionError(f"run ended (rc {proc.returncode}) before its step-{step} checkpoint:\n{out}")
         time.sleep(0.2)
     raise AssertionError(f"no step-{step} checkpoint ({marker}) within {timeout} s")
+
+
+class SharedRun:
+    """One job that several tests read, run once per pytest session, across xdist workers.
+
+    ``root`` is a folder every worker of the session sees (the session fixture passes the
+    workers' common temp root). The first test to call :meth:`start` starts the job (on its own
+    worker's Ray head, ``ray_address``) under a file lock, and a thread of that worker records the exit status
+    when the job ends, whichever test is running then; later callers find it started. :meth:`rows`
+    waits for that status from any worker and returns the job's metrics rows (failing with the
+    log's tail if the job failed). Each test still runs its own interrupted or 2-node job against
+    these rows, so a wrong resume or placement still fails it; what is shared is only a second
+    copy of one deterministic run (the same command on the same machine is bitwise reproducible:
+    scripts/goldens.py's docstring)."""
+
+    def __init__(self, root: Path, preset: str, overrides: list[str], ray_address: str | None) -> None:
+        self.root, self.preset, self.overrides, self.ray_address = root, preset, overrides, ray_address
+        self.run_dir = root / "run"
+        self._proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (self.root / "started").exists():
+                return
+            (self.root / "started").write_text(str(os.getpid()))
+        log = open(self.root / "log", "w")
+        proc = self._proc = start(cli_command(self.preset, *self.overrides, f"trainer.output_dir={self.run_dir}"),
+                                  job_env(self.root / "outputs", self.ray_address), stdout=log)
+
+        def record_exit() -> None:
+            rc = proc.wait()
+            log.close()
+            (self.root / "rc.tmp").write_text(str(rc))
+            os.replace(self.root / "rc.tmp", self.root / "rc")  # readers see all of it or nothing
+
+        threading.Thread(target=record_exit, daemon=True).start()
+
+    def wait(self, timeout: float = 300) -> Path:
+        """The job's run folder once it has ended with exit 0 (started by :meth:`start` here or on
+        another worker); its console output (stdout and stderr) is :meth:`output`."""
+        deadline = time.time() + timeout
+        while not (self.root / "rc").exists():
+            if time.time() > deadline:
+                raise AssertionError(f"the shared run in {self.root} did not end within {timeout} s")
+            time.sleep(0.2)
+        rc = int((self.root / "rc").read_text())
+        assert rc == 0, f"the shared run failed (rc {rc}):\n{self.output()[-6000:]}"
+        return self.run_dir
+
+    def rows(self, timeout: float = 300) -> list[dict]:
+        """The job's metrics rows once it has ended."""
+        return metrics(self.wait(timeout))
+
+    def output(self) -> str:
+        return (self.root / "log").read_text()
+
+    def close(self, timeout: float = 300) -> None:
+        """At the end of the session of the worker that started the job: it must not outlive that
+        worker's Ray head (a test that failed before :meth:`rows` leaves it running)."""
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._proc.pid, 9)
+            self._proc.wait()
 
 
 def metrics(run_dir: Path) -> list[dict]:

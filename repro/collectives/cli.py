@@ -22,13 +22,9 @@ from repro.collectives.analyze.findings import analyze
 from repro.collectives.analyze.report import divergence_to_json, format_divergence
 from repro.collectives.check.checker import CHECK_CHOICES, CheckMode
 from repro.collectives.events import RankTrace
-from repro.collectives.record.session import (
-    DEFAULT_STALL_S,
-    ENV_DIR,
-    ENV_STALL,
-    install_from_env,
-)
-from repro.collectives.record.tracer import active
+
+# ``record`` (which imports torch) is imported by ``run`` only: ``launch``, ``analyze`` and ``export``
+# never touch torch, and importing it cost each launcher process ~3 CPU s on a 2-core machine.
 
 DESCRIPTION = (
     "Collective trace: record, live-check, analyse and export the collectives of any torch.distributed job."
@@ -155,6 +151,8 @@ def _run_target(args: argparse.Namespace):  # -> launch.Target
 
 def _check_run(args: argparse.Namespace) -> None:
     """One clear line (ValueError) before the script starts: no trace directory, or no such target."""
+    from repro.collectives.record.session import ENV_DIR
+
     if not os.environ.get(ENV_DIR):
         raise ValueError(
             f"run traces into the directory named by {ENV_DIR}, which is not set; "
@@ -165,6 +163,8 @@ def _check_run(args: argparse.Namespace) -> None:
 
 
 def _stall_s() -> float:
+    from repro.collectives.record.session import DEFAULT_STALL_S, ENV_STALL
+
     raw = os.environ.get(ENV_STALL, str(DEFAULT_STALL_S))
     try:
         return float(raw)
@@ -174,6 +174,8 @@ def _stall_s() -> float:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from repro.collectives.launch.stall import arm_flight_recorder, register_stack_dump
+    from repro.collectives.record.session import ENV_DIR, install_from_env
+    from repro.collectives.record.tracer import active
 
     target = _run_target(args)
     register_stack_dump()

@@ -56,16 +56,13 @@ def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_p
     jobs.assert_same_metrics(straight, resumed)
 
 
-@pytest.mark.slow  # one real PPO job: about 1-2 min on 2 loaded cores
-def test_actor_and_critic_keep_limits_both_hold_in_a_ppo_run(tmp_path, ray_head):
-    out = tmp_path / "ppo"
+@pytest.mark.slow  # one real PPO job (shared with test_trainer's PPO run): about 1-2 min on 2 loaded cores
+def test_actor_and_critic_keep_limits_both_hold_in_a_ppo_run(ppo_3_step_run):
+    # The session's 3-step PPO job, saving every step with max_actor_ckpt_to_keep=1 and
+    # max_critic_ckpt_to_keep=2 (jobs.PPO_3_STEPS_KEEP); test_trainer checks the same job's outputs.
     # No validation: what is checked is which checkpoints are kept (validation: test_trainer's GRPO run).
-    jobs.run_job("ppo_tiny", [*SMALL, "trainer.total_training_steps=3", "trainer.save_freq=1", "trainer.test_freq=-1",
-                              "trainer.val_before_train=False",
-                              "critic.ppo_mini_batch_size=4", "critic.ppo_micro_batch_size_per_gpu=8",
-                              "critic.forward_micro_batch_size_per_gpu=16", "trainer.max_actor_ckpt_to_keep=1",
-                              "trainer.max_critic_ckpt_to_keep=2", f"trainer.output_dir={out}"], tmp_path / "outputs",
-                 ray_address=ray_head)
+    ppo_3_step_run.start()
+    out = ppo_3_step_run.wait()
     ckpt = out / "checkpoints"
     held = {p.name: sorted(c.name for c in p.iterdir() if c.is_dir()) for p in ckpt.iterdir() if p.is_dir()}
     assert held == {"global_step_2": ["critic"], "global_step_3": ["actor", "critic"]}

@@ -125,24 +125,28 @@ def test_ctrl_c_leaves_no_process_and_records_the_checkpoint(tmp_path):
     _interrupt("ctrl-c", tmp_path / "outputs")
 
 
-_KILLED = ["trainer.total_training_steps=3", "trainer.save_freq=2"]
+# The kill -9 victim and its resumed run: the shared reference's command (3 steps, a checkpoint at
+# step 2, no validation), so that its rows are what they must equal.
+_KILLED = jobs.cli_command("grpo_tiny", *jobs.GRPO_3_STEPS)
 
 
 @pytest.mark.slow  # a job on a cluster of its own killed, the cleanup, a reference and the resumed run: ~40 s
 def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_resume_matches_an_uninterrupted_run(
-        tmp_path, ray_head):
+        tmp_path, ray_head, grpo_3_step_reference):
     """kill -9 of the driver leaves Ray 2.60's DashboardAgent and RuntimeEnvAgent running (re-parented
     to init, ~190 MB); the cleanup that every local start runs first (and python -m
     repro.cluster.ray_reaper by hand) ends them and nothing else. The same command then resumes
     the killed run from its step-2 checkpoint, and its steps 1-3 equal an uninterrupted run's
     bitwise (one job serves both claims: a second kill -9 victim on a cluster of its own cost ~20 CPU s)."""
-    outputs, straight = tmp_path / "outputs", tmp_path / "straight"
-    # The uninterrupted reference (on the worker's shared Ray head) runs alongside the victim.
-    reference = jobs.start(_cmd(*_KILLED, f"trainer.output_dir={straight}"), job_env(tmp_path / "ref", ray_head))
+    outputs = tmp_path / "outputs"
+    # The uninterrupted reference (on a worker's shared Ray head) runs alongside the victim, or
+    # has already run for the 2-node test: the same command, so the same rows (conftest's
+    # grpo_3_step_reference).
+    grpo_3_step_reference.start()
     # The victim starts a Ray cluster of its own and pauses after its step-2 checkpoint, so the
     # kill always lands before its last step.
     env = dict(job_env(outputs), REPRO_HOLD_AFTER_CHECKPOINT="2")
-    proc = jobs.start(_cmd(*_KILLED), env)
+    proc = jobs.start(_KILLED, env)
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
         run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
@@ -165,15 +169,13 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
         for p in (proc, bystander):
             if p.poll() is None:
                 p.kill()
-        ref_out, _ = reference.communicate(timeout=240)
-    assert reference.returncode == 0, ref_out[-6000:]
     assert '"status": "running"' in (run_dir / "run.json").read_text()
 
     # The same command resumes the killed run's folder from its step-2 checkpoint and does step 3.
-    done = _run(_cmd(*_KILLED), outputs, ray_address=ray_head)
+    done = _run(_KILLED, outputs, ray_address=ray_head)
     assert done.returncode == 0, done.stderr[-4000:]
     assert f"resumed from {run_dir / 'checkpoints' / 'global_step_2'}" in (run_dir / "train.log").read_text()
-    a, b = jobs.metrics(straight), jobs.metrics(run_dir)
+    a, b = grpo_3_step_reference.rows(), jobs.metrics(run_dir)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
     jobs.assert_same_metrics(a, b)
 

@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
-
 from repro.collectives.analyze.align import Divergence
 from repro.collectives.analyze.findings import pair_divergence, split_mismatch
 from repro.collectives.analyze.report import divergence_to_json, format_divergence
@@ -106,6 +104,10 @@ class Checker:
 
     def store(self) -> Any:
         if self._store is None:
+            # Imported here: the launcher and analyze/export import this module (CheckMode,
+            # CollectiveMismatchError) without needing torch, ~3 CPU s per process on 2 cores.
+            import torch.distributed as dist
+
             self._store = dist.distributed_c10d._get_default_store()
         return self._store
 

@@ -212,6 +212,10 @@ def launch(
         if result.interrupted is not None or result.stalled_s is not None:
             result.stacks = _dump_stacks(procs, out_dir)
     finally:
+        # Every live rank is killed before any is waited for: killed and reaped one by one, a rank
+        # could see its killed peer's connection close and raise before its own kill arrived, and its
+        # traceback would then lead the report of a hang (seen once its Flight Recorder dump no
+        # longer spent ~2 s importing inductor: stall.py's _no_inductor_import).
         for rank, p in enumerate(procs):
             if p.poll() is None:
                 result.killed.add(rank)
@@ -219,6 +223,7 @@ def launch(
                     os.killpg(p.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        for p in procs:
             p.wait()
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -35,11 +35,16 @@ when the process group is made, after this) and runs a small daemon thread that 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pathlib
 import signal
+import sys
 import threading
 import time
+import types
+from collections.abc import Iterator
+from typing import Any
 
 from repro.collectives.events import read_trace_file
 
@@ -121,7 +126,8 @@ def dump_flight_recorder(out_dir: pathlib.Path, rank: int) -> bool:
     try:
         import torch
 
-        data = torch._C._distributed_c10d._dump_fr_trace()
+        with _no_inductor_import(torch):
+            data = torch._C._distributed_c10d._dump_fr_trace()
     except Exception:  # no process group yet, or a torch without the recorder
         return False
     tmp_dir = out_dir / ".fr_tmp"
@@ -130,6 +136,37 @@ def dump_flight_recorder(out_dir: pathlib.Path, rank: int) -> bool:
     tmp.write_bytes(data)
     os.replace(tmp, out_dir / f"fr_trace_rank_{rank}")
     return True
+
+
+class _NoCompiledCode:
+    """``PyCodeCache`` of a process that never imported ``torch._inductor``: no code was compiled, so
+    no frame maps to a compiled graph's source (the real ``stack_frames_for_code`` returns None for
+    any path not in ``PyCodeCache.linemaps``, which only inductor's own loads fill)."""
+
+    @staticmethod
+    def stack_frames_for_code(path: str, lineno: int) -> None:
+        return None
+
+
+@contextlib.contextmanager
+def _no_inductor_import(torch: Any) -> Iterator[None]:
+    """torch's stack symbolizer asks ``torch._inductor.codecache.PyCodeCache`` about every Python
+    frame of a dump (looked up at each dump, not cached). In a process that never imported
+    ``torch._inductor`` that lookup imported it, and ``torch._dynamo`` with it, for an answer that
+    is None for every frame: ~2 CPU s per rank on a 2-core machine, in every rank's dump at exit.
+    While the dump runs, ``torch._inductor`` answers with :class:`_NoCompiledCode` instead, so the
+    frames are the same (checked: the pickled frames of both ways equal). Where inductor is
+    imported (a compiled program) the real one answers."""
+    if "torch._inductor" in sys.modules:
+        yield
+        return
+    stub = types.SimpleNamespace(codecache=types.SimpleNamespace(PyCodeCache=_NoCompiledCode))
+    torch._inductor = stub
+    try:
+        yield
+    finally:
+        if torch.__dict__.get("_inductor") is stub:  # a real import meanwhile replaced it: leave that
+            del torch._inductor
 
 
 def _watch(out_dir: pathlib.Path, rank: int, stop: threading.Event, hang: ProgressWatch | None) -> None:

@@ -195,20 +195,19 @@ def test_checkpoint_folder_on_one_nodes_local_disk_is_refused(tmp_path, monkeypa
 
 
 def _grpo(out: Path, *extra: str) -> list[str]:
-    # No validation before training: the test compares the training steps' rows (DETERMINISTIC
-    # keys, steps 1-3), which no validation figure is among; the one- and two-node runs skip it
-    # alike. It was 256 generations per run, 8 times a SMALL step's 32.
-    return jobs.cli_command("grpo_tiny", *SMALL, "trainer.total_training_steps=3", "trainer.save_freq=2",
-                            "trainer.test_freq=-1", "trainer.val_before_train=False", f"trainer.output_dir={out}",
-                            *extra)
+    # The shared reference's config (jobs.GRPO_3_STEPS: no validation, which no compared row
+    # holds) on the 2-node cluster (``extra``).
+    return jobs.cli_command("grpo_tiny", *jobs.GRPO_3_STEPS, f"trainer.output_dir={out}", *extra)
 
 
 @pytest.mark.slow  # three GRPO jobs (two at once) and a refused one: about 2-3 min on 2 busy cores
-def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path, ray_head):
-    one_node, two_nodes = tmp_path / "one_node", tmp_path / "two_nodes"
+def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp_path, grpo_3_step_reference):
+    two_nodes = tmp_path / "two_nodes"
     on_cluster = ["trainer.nnodes=2", "trainer.n_gpus_per_node=1", f"trainer.ray_address={cluster.address}"]
-    # The single-node reference (on the worker's shared Ray head) runs alongside the 2-node run.
-    reference = jobs.start(_grpo(one_node, "trainer.n_gpus_per_node=2"), job_env(tmp_path / "ref" / "outputs", ray_head))
+    # The single-node reference (the preset's 2 ranks on one node, on a worker's shared Ray head)
+    # runs alongside the 2-node run, or has already run for the kill -9 resume test: the same
+    # command, so the same rows (conftest's grpo_3_step_reference).
+    grpo_3_step_reference.start()
     # The victim pauses 8 s after its step-2 checkpoint: the node is gone before its last step.
     victim = jobs.start(_grpo(two_nodes, *on_cluster),
                         dict(job_env(tmp_path / "outputs"), REPRO_HOLD_AFTER_CHECKPOINT="2:8"))
@@ -220,8 +219,6 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
     finally:
         if victim.poll() is None:
             os.killpg(victim.pid, signal.SIGKILL)
-        ref_out, _ = reference.communicate(timeout=300)
-    assert reference.returncode == 0, ref_out[-6000:]
     print("lost node:", lost, "| driver's last lines:", victim_out.strip().splitlines()[-3:])
     assert victim.returncode == 1, victim_out[-6000:]
     assert victim_out.strip().splitlines()[-1].startswith("error: lost rank ")
@@ -248,7 +245,7 @@ def test_grpo_on_two_nodes_equals_one_node_and_survives_a_lost_node(cluster, tmp
     assert len(placed) == 2 and len(set(placed[0])) == 2 and lost[:12] in placed[0]
     assert sorted(placed[1]) == sorted(alive) and lost[:12] not in placed[1]
 
-    a, b = jobs.metrics(one_node), jobs.metrics(two_nodes)
+    a, b = grpo_3_step_reference.rows(), jobs.metrics(two_nodes)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
     jobs.assert_same_metrics(a, b, ("one node", "two nodes"))
     print("metrics equal bitwise over steps 1-3:", {k: [r[k] for r in b] for k in ("critic/score/mean", "actor/pg_loss")})

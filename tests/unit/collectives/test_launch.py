@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import pathlib
 import re
+import subprocess
 import sys
 import textwrap
 
@@ -12,6 +15,7 @@ import pytest
 from repro.collectives.cli import build_parser, main
 from repro.collectives.launch.launcher import Target, rank_command
 from repro.collectives.record.session import stop
+from tests.subprocess_env import pythonpath
 
 SCENARIO = "repro.scenarios.zero2_inactive_micro"
 
@@ -123,3 +127,35 @@ def test_run_refuses_a_missing_trace_dir_or_target_in_one_line(
     assert main(["run", *target]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+
+def test_the_launcher_analyze_and_export_do_not_import_torch():
+    # A launch is a launcher process plus its ranks; only the ranks need torch. Importing it in
+    # the launcher too cost ~3 CPU s per launch on a 2-core machine (about 30 launches a suite).
+    probe = ("import sys, repro.collectives_trace; from repro.collectives.cli import build_parser; "
+             "from repro.collectives.launch import launcher; build_parser(); "
+             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    root = pathlib.Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=root,
+                         env=dict(os.environ, PYTHONPATH=pythonpath(root)))
+    assert out.stdout.strip() == "[]", out.stdout[:2000]
+
+
+def test_a_flight_recorder_dump_answers_the_symbolizer_without_importing_inductor(monkeypatch):
+    # torch's C++ symbolizer looks up torch._inductor.codecache.PyCodeCache.stack_frames_for_code at
+    # each dump; in a process that never imported inductor the real one answers None for every frame
+    # (nothing compiled, PyCodeCache.linemaps empty), so the stand-in must too, and go away after.
+    import types
+
+    from repro.collectives.launch.stall import _no_inductor_import
+
+    fake_torch = types.SimpleNamespace()
+    monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
+    with _no_inductor_import(fake_torch):
+        assert fake_torch._inductor.codecache.PyCodeCache.stack_frames_for_code("/x.py", 3) is None
+    assert not hasattr(fake_torch, "_inductor")
+    # A process with inductor imported (a compiled program) keeps the real one.
+    monkeypatch.setitem(sys.modules, "torch._inductor", types.ModuleType("torch._inductor"))
+    with _no_inductor_import(fake_torch):
+        assert not hasattr(fake_torch, "_inductor")
