@@ -13,7 +13,7 @@ they agree with the DeepSpeed keys and refused, naming both, where they contradi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from verl.workers.config import ActorConfig, CriticConfig
@@ -23,7 +23,7 @@ from verl.workers.config.optimizer import OptimizerConfig
 from repro.config import ModelConfig, OptimConfig
 from repro.config.ds_config import OffloadPlan
 from repro.config.fields import WARMUP_STYLES
-from repro.integrations.verl.engine_keys import STRATEGY, DeepSpeedEngineKeys, bad_key
+from repro.integrations.verl.engine_keys import STRATEGY, DeepSpeedEngineKeys, bad_key, fold_seed_keys
 
 
 @dataclass
@@ -127,11 +127,18 @@ class DeepSpeedActorConfig(ActorConfig):
 
 @dataclass
 class DeepSpeedCriticConfig(CriticConfig):
-    """verl's critic config with the ``deepspeed`` engine section (``critic/deepspeed_critic.yaml``)."""
+    """verl's critic config with the ``deepspeed`` engine section (``critic/deepspeed_critic.yaml``).
+
+    ``deepspeed_config`` and ``ulysses_sequence_parallel_size`` are the seed DeepSpeed PR's spellings
+    (``critic.deepspeed_config.zero_stage=3``, ``critic.ulysses_sequence_parallel_size=2``): each set key
+    moves into ``deepspeed`` (:func:`~repro.integrations.verl.engine_keys.fold_seed_keys`), the one
+    section the engine reads; they declare no key of their own."""
 
     strategy: str = STRATEGY
     deepspeed: DeepSpeedEngineConfig = None
     grad_clip: float = 1.0
+    deepspeed_config: dict[str, Any] | None = None
+    ulysses_sequence_parallel_size: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,4 +147,13 @@ class DeepSpeedCriticConfig(CriticConfig):
                              f"choose one of {[STRATEGY]}")
         if self.deepspeed is None:
             self.deepspeed = DeepSpeedEngineConfig()
+        seed = {f"critic.deepspeed_config.{k}": v for k, v in (self.deepspeed_config or {}).items()}
+        seed["critic.ulysses_sequence_parallel_size"] = self.ulysses_sequence_parallel_size
+        moved = fold_seed_keys(self.deepspeed, seed)
+        if moved:  # rebuilt, not patched: the section's validation runs on the values it will use
+            try:
+                section = replace(self.deepspeed, **moved)
+            except ValueError as err:
+                raise ValueError(f"critic.deepspeed_config (the seed's name of critic.deepspeed): {err}") from None
+            object.__setattr__(self, "deepspeed", section)  # verl's BaseConfig freezes set fields; as verl does
         self.engine = self.deepspeed

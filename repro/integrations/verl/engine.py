@@ -32,7 +32,7 @@ from repro.batching.plan import RoleBatchPlan, data_parallel_size
 from repro.cluster.process_group import init_distributed
 from repro.integrations.verl import model_io
 from repro.integrations.verl.checkpointing import load_engine, save_engine
-from repro.integrations.verl.config import repro_model, repro_optim
+from repro.integrations.verl.config import DeepSpeedEngineConfig, repro_model, repro_optim
 from repro.integrations.verl.platform import use_cpu_platform_if_cpu
 from repro.workers import checkpoint, lora, ulysses
 from repro.workers.engine import RoleEngine, load_hf_model, torch_dtype
@@ -66,6 +66,13 @@ class DeepSpeedEngine(BaseEngine):
         self.engine_config = engine_config
         self.optimizer_config = optimizer_config
         self.checkpoint_config = checkpoint_config
+        if not isinstance(engine_config, DeepSpeedEngineConfig):
+            # verl picks the engine by the role's strategy alone: a role whose yaml is another engine's
+            # (the seed's actor=ds_actor leaves the ref on model_engine's dp_ref, strategy copied from the
+            # actor) lands here with that engine's section; say which group to select instead.
+            raise ValueError(f"the DeepSpeed engine got {type(engine_config).__name__}, not the deepspeed section: select "
+                             "the role's deepspeed yaml (model_engine=deepspeed, or ref@actor_rollout_ref.ref=deepspeed_ref "
+                             "beside actor@actor_rollout_ref.actor=ds_actor)")
         self.ds = engine_config.repro_deepspeed()
         self.sp = int(engine_config.ulysses_sequence_parallel_size)
         self.forward_only = bool(engine_config.forward_only) or optimizer_config is None

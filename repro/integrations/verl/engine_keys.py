@@ -10,6 +10,12 @@ is this class and verl's ``EngineConfig`` together, and declares no key of its o
 dataclasses by :func:`render_engine_yaml`: ``python -m repro.integrations.verl.engine_keys`` writes
 it, and ``tests/unit/config/test_verl_engine_keys.py`` fails when the file and the dataclasses
 differ (a key added, removed or given another default on one side only).
+
+The seed DeepSpeed PR's command lines name the critic's section ``critic.deepspeed_config`` (repro's own
+trainer's name; ``critic.deepspeed`` in verl). ``hydra_config/engine/deepspeed_config.yaml`` is that
+section for verl's trainer, generated here too: repro's DeepSpeed keys, each null (unset), and
+:func:`fold_seed_keys` moves the keys a command sets into the engine section, so each key keeps one
+definition (``DeepSpeedConfig``'s).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "fp3
 
 ENGINE_YAML = Path(__file__).with_name("hydra_config") / "engine" / "deepspeed.yaml"
 TARGET = "repro.integrations.verl.config.deepspeed_engine_config"
+SEED_YAML = ENGINE_YAML.with_name("deepspeed_config.yaml")
 
 VERL_ENGINE_KEYS: dict[str, Any] = {
     "optimizer_offload": False,
@@ -130,16 +137,59 @@ def render_engine_yaml() -> str:
     return "\n".join(lines) + "\n"
 
 
+def seed_keys() -> list[str]:
+    """The keys of the seed's ``critic.deepspeed_config``: repro's own DeepSpeed section's, all of them."""
+    return [f.name for f in dataclasses.fields(DeepSpeedConfig)]
+
+
+def render_seed_yaml() -> str:
+    """``hydra_config/engine/deepspeed_config.yaml``: every key of :func:`seed_keys`, null (unset).
+
+    Null, not the default: only a key the command sets may move into the engine section (a default
+    here would overwrite a ``critic.deepspeed.<key>`` the same command sets)."""
+    lines = [
+        "# GENERATED from repro.config.DeepSpeedConfig by repro.integrations.verl.engine_keys: do not edit.",
+        "# The seed DeepSpeed PR's critic.deepspeed_config (repro's trainer's name of the critic's DeepSpeed",
+        "# section): each key null = unset; one the command sets moves into critic.deepspeed.<key>",
+        "# (DeepSpeedCriticConfig, repro.integrations.verl.engine_keys.fold_seed_keys), where engine/deepspeed.yaml",
+        "# defines it.",
+    ]
+    lines += [f"{key}: null" for key in seed_keys()]
+    return "\n".join(lines) + "\n"
+
+
+def fold_seed_keys(engine: Any, seed: dict[str, Any]) -> dict[str, Any]:
+    """The engine-section values that the seed-form keys ``seed`` (full key -> value, null = unset) set.
+
+    ``engine`` is the role's built engine section; a key the command also set there to another
+    value is refused, naming both, rather than one silently winning."""
+    defaults = engine_keys()
+    out: dict[str, Any] = {}
+    for full_key, value in seed.items():
+        key = full_key.rsplit(".", 1)[-1]
+        if value is None:
+            continue
+        if key not in defaults:
+            raise ValueError(f"{full_key} is not a key of the DeepSpeed engine; choose from {sorted(defaults)}")
+        here = getattr(engine, key)
+        if here != defaults[key] and here != value:
+            raise ValueError(f"{full_key}={value!r} contradicts deepspeed.{key}={here!r} (the same key); set one of them")
+        out[key] = value
+    return out
+
+
 def main(argv: list[str]) -> int:
-    """``--check``: exit 1 when the yaml differs from the dataclasses; else rewrite it."""
-    text = render_engine_yaml()
-    if "--check" in argv:
-        same = ENGINE_YAML.read_text() == text
-        print(f"{ENGINE_YAML}: {'up to date' if same else 'differs from the dataclasses; rewrite it'}")
-        return 0 if same else 1
-    ENGINE_YAML.write_text(text)
-    print(f"wrote {ENGINE_YAML}")
-    return 0
+    """``--check``: exit 1 when a generated yaml differs from the dataclasses; else rewrite them."""
+    status = 0
+    for path, text in ((ENGINE_YAML, render_engine_yaml()), (SEED_YAML, render_seed_yaml())):
+        if "--check" in argv:
+            same = path.read_text() == text
+            print(f"{path}: {'up to date' if same else 'differs from the dataclasses; rewrite it'}")
+            status |= 0 if same else 1
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    return status
 
 
 if __name__ == "__main__":

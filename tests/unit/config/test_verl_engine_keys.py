@@ -124,3 +124,19 @@ def test_engine_keys_are_validated_by_repros_checks_named_as_verls_keys(values: 
     with pytest.raises(ValueError) as err:
         K.DeepSpeedEngineKeys(**values)
     assert message in str(err.value) and not isinstance(err.value, ConfigFieldError)
+
+
+def test_seed_section_yaml_is_generated_with_every_repro_key_unset() -> None:
+    """``critic.deepspeed_config`` (the seed PR's spelling) lists repro's DeepSpeed keys, each null, and nothing else."""
+    assert K.SEED_YAML.read_text() == K.render_seed_yaml(), (
+        "engine/deepspeed_config.yaml is generated: run python -m repro.integrations.verl.engine_keys")
+    assert load(K.SEED_YAML) == {f.name: None for f in dataclasses.fields(DeepSpeedConfig)}
+
+
+def test_seed_keys_move_into_the_engine_section_and_a_contradiction_names_both() -> None:
+    engine = K.DeepSpeedEngineKeys()
+    seed = {"critic.deepspeed_config.zero_stage": 3, "critic.deepspeed_config.offload": None}
+    assert K.fold_seed_keys(engine, seed) == {"zero_stage": 3}  # null: unset, so not moved
+    assert K.fold_seed_keys(K.DeepSpeedEngineKeys(zero_stage=3), seed) == {"zero_stage": 3}  # both agree
+    with pytest.raises(ValueError, match=r"critic.deepspeed_config.zero_stage=3 contradicts deepspeed.zero_stage=1"):
+        K.fold_seed_keys(K.DeepSpeedEngineKeys(zero_stage=1), seed)
