@@ -347,3 +347,22 @@ def new_fsdp2_engine(model_dir: str) -> tuple[Any, Any]:
     engine.initialize()
     section, _ = verl_configs(model_dir, 2, "actor")
     return engine, functools.partial(ppo_loss, section)
+
+
+# repro's yamls on verl's Hydra search path, as a verl user's command line adds them.
+SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
+
+
+def ref_as_verl_worker_builds_it(cfg: Any) -> Any:
+    """The ref section as verl 0.9.1's ``ActorRolloutRefWorker.init_model`` hands it on: its ``log_prob_*``
+    keys renamed to the engine's names (a DictConfig, before ``omega_conf_to_dataclass``)."""
+    from omegaconf import open_dict
+
+    ref = cfg.actor_rollout_ref.ref
+    with open_dict(ref):
+        ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
+        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
+        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
+        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
+    return ref

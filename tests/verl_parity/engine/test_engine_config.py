@@ -21,9 +21,9 @@ import pytest
 import tomllib
 
 from tests.subprocess_env import pythonpath
+from tests.verl_parity.engine.harness import SEARCHPATH, ref_as_verl_worker_builds_it
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
-SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
 
 
 def _import_verl(tmp_path: pathlib.Path, probe: str, *, break_engine: bool = False):
@@ -80,20 +80,6 @@ def _compose(*overrides: str):
             *overrides])
 
 
-def _ref_as_verl_worker_builds_it(cfg):
-    """verl's ActorRolloutRefWorker.init_model renames the ref's log_prob_* keys before instantiating."""
-    from omegaconf import open_dict
-
-    ref = cfg.actor_rollout_ref.ref
-    with open_dict(ref):
-        ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
-        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
-        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
-        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
-    return ref
-
-
 def test_model_engine_deepspeed_composes_actor_ref_and_critic() -> None:
     from verl.utils.config import omega_conf_to_dataclass
 
@@ -110,7 +96,7 @@ def test_model_engine_deepspeed_composes_actor_ref_and_critic() -> None:
     assert isinstance(actor, DeepSpeedActorConfig) and isinstance(actor.engine, DeepSpeedEngineConfig)
     assert (actor.engine.zero_stage, actor.engine.offload, actor.engine.forward_only) == (3, "cpu", False)
     assert isinstance(actor.optim, DeepSpeedOptimizerConfig) and actor.optim.lr == 3e-6
-    ref = omega_conf_to_dataclass(_ref_as_verl_worker_builds_it(cfg))
+    ref = omega_conf_to_dataclass(ref_as_verl_worker_builds_it(cfg))
     assert isinstance(ref, DeepSpeedActorConfig)
     assert (ref.engine.zero_stage, ref.engine.forward_only) == (3, True)  # follows the actor's stage
     from omegaconf import open_dict

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.verl_parity.engine.harness import SEARCHPATH, ref_as_verl_worker_builds_it
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "fixtures" / "pr_commands"
-SEARCHPATH = "hydra.searchpath=[pkg://repro.integrations.verl.hydra_config]"
 SUPPLIED = {"${DATA_TRAIN}": "/nonexistent/train.parquet", "${DATA_VAL}": "/nonexistent/val.parquet",
             "${BENCH_DIR}": "/nonexistent/bench"}
 LEGACY_WORKERS = "trainer.use_legacy_worker_impl=enable"
@@ -124,21 +125,6 @@ class Roles:
     ref: object | None
 
 
-def ref_as_verl_worker_builds_it(cfg):
-    """ActorRolloutRefWorker.init_model (verl 0.9.1): the ref's log_prob_* keys renamed, then instantiated."""
-    from omegaconf import open_dict
-    from verl.utils.config import omega_conf_to_dataclass
-
-    ref = cfg.actor_rollout_ref.ref
-    with open_dict(ref):
-        ref.ppo_mini_batch_size = cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-        ref.ppo_micro_batch_size = ref.pop("log_prob_micro_batch_size", None)
-        ref.ppo_micro_batch_size_per_gpu = ref.pop("log_prob_micro_batch_size_per_gpu", None)
-        ref.use_dynamic_bsz = ref.pop("log_prob_use_dynamic_bsz", False)
-        ref.ppo_max_token_len_per_gpu = ref.pop("log_prob_max_token_len_per_gpu", None)
-    return omega_conf_to_dataclass(ref)
-
-
 def as_verl_reads(cfg) -> Roles:
     """The role configs verl's trainer builds from ``cfg``: critic and ref only where it needs them."""
     from omegaconf import open_dict
@@ -150,7 +136,7 @@ def as_verl_reads(cfg) -> Roles:
     use_critic, use_ref = need_critic(cfg), bool(need_reference_policy(cfg))
     validate_config(config=cfg, use_reference_policy=use_ref, use_critic=use_critic)
     actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    ref = ref_as_verl_worker_builds_it(cfg) if use_ref else None
+    ref = omega_conf_to_dataclass(ref_as_verl_worker_builds_it(cfg)) if use_ref else None
     critic = omega_conf_to_dataclass(cfg.critic) if use_critic else None
     return Roles(actor, critic, ref)
 
@@ -200,7 +186,9 @@ def test_seed_command_selects_repros_engine_with_its_stage_and_offload(case: str
     assert roles.ref is None  # no seed command has a KL term, so verl builds no ref
     if want.ref is not None:
         # The bench command configures the ref all the same: built as verl's worker would with KL on.
-        ref = ref_as_verl_worker_builds_it(compose(verl_command(case))).engine
+        from verl.utils.config import omega_conf_to_dataclass
+
+        ref = omega_conf_to_dataclass(ref_as_verl_worker_builds_it(compose(verl_command(case)))).engine
         assert registry.get_engine_cls("language_model", backend=ref.strategy) is DeepSpeedEngine
         assert (ref.zero_stage, ref.offload, ref.forward_only) == (*want.ref, True)
 
