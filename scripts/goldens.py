@@ -7,11 +7,12 @@
 Exact, not a bound: the job is bitwise reproducible on one machine and torch version (run twice,
 every metric below equal to the last bit; the hf rollout's draws are seeded per (seed, step, rank)
 and gloo's all-reduce of 2 ranks is order-fixed). Across machines the tiny policy's *weights*
-differ (issue 37: same recipe and cache key, other CPU kernels, other SFT stopping step), and
-with them every score and loss: a bound that held across machines would be wider than the
-effect of a changed learning rate, so it would check nothing. The golden therefore keys on the
-sha256 of the tiny policy's ``model.safetensors`` and on the torch version; a machine with another
-digest gets a skip that says so, not a pass or a failure. Timings and memory are not in the golden.
+run other kernels (the CPU's instruction set picks ATen's and MKL's paths: results/tiny_policy/README.md),
+so every score and loss differs even from the shipped tiny policy: a bound that held across machines
+would be wider than the effect of a changed learning rate, so it would check nothing. The golden
+therefore keys on the sha256 of the tiny policy's ``model.safetensors``, the torch version and the
+CPU's kernel paths (``repro.data.tiny_fixture.kernel_paths``); a machine that differs in any gets a
+skip that says so, not a pass or a failure. Timings and memory are not in the golden.
 """
 
 from __future__ import annotations
@@ -39,13 +40,14 @@ METRICS = ("critic/score/mean", "critic/advantages/mean", "response_length/mean"
 
 
 def policy_identity() -> dict[str, str]:
-    """What the golden is valid for: the tiny policy's weight digest and the torch version."""
+    """What the golden is valid for: the tiny policy's weight digest, the torch version, the CPU's kernel paths."""
     import torch
 
     from repro.data.sft import ensure_tiny_policy
+    from repro.data.tiny_fixture import kernel_paths
 
     weights = ensure_tiny_policy(device=torch.device("cpu")) / "model.safetensors"
-    return {"policy_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), "torch": torch.__version__}
+    return {"policy_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(), **kernel_paths()}
 
 
 def job_command(extra: list[str]) -> list[str]:

@@ -2,9 +2,9 @@
 
 ``scripts/goldens.py --check`` runs the job and compares every metric of every step bitwise
 with ``fixtures/goldens/grpo_tiny_cpu.json`` (why exact, and why keyed on the tiny policy's
-weight digest rather than a cross-machine bound: the script's docstring). On a machine whose
-tiny policy has other weights (issue 37) it prints ``SKIP: ...`` and the test skips with that
-line. Regenerate with ``python scripts/goldens.py --update`` after an intended change.
+weight digest, torch and the CPU's kernel paths rather than a cross-machine bound: the script's
+docstring). On a machine that differs in any of them it prints ``SKIP: ...`` and the test skips
+with that line. Regenerate with ``python scripts/goldens.py --update`` after an intended change.
 """
 
 from __future__ import annotations
