@@ -88,8 +88,9 @@ class PPOTrainer:
         from repro.rewards import reward_lookup
 
         self.cfg, self.paths = cfg, paths
-        self.custom_reward = custom_reward(cfg) is not None
-        self.get_reward_fn = reward_lookup(custom_reward(cfg))
+        plugin = custom_reward(cfg)
+        self.custom_reward = plugin is not None
+        self.get_reward_fn = reward_lookup(plugin)
         model = cfg.actor_rollout_ref.model
         self.tokenizer = load_tokenizer(model.tokenizer_path or model.path, model.trust_remote_code)
         self.train_ds = PromptDataset.from_config(cfg.data.train_files, self.tokenizer, cfg.data)
