@@ -6,11 +6,15 @@
 #   bash scripts/seed_scale.sh run [SEED]    # python -m repro.main_ppo -cn grpo_0p6b (60 steps, vLLM, ZeRO-2);
 #                                            # run again after a cut-off: it resumes from its last checkpoint (every SAVE_FREQ=10 steps)
 #   bash scripts/seed_scale.sh gate          # the 0.6B gate case of nox -s gpu_e2e (pytest output in $OUT)
-#   bash scripts/seed_scale.sh six CASES STEPS [SEED]  # python -m repro.bench six-case on -cn grpo_0p6b
-#                                            # (validation off: the bench compares memory, speed and score)
+#   bash scripts/seed_scale.sh six CASES STEPS [SEED] [KEY=VALUE ...]  # python -m repro.bench six-case on -cn grpo_0p6b
+#                                            # (validation off unless VAL=1: the bench compares memory, speed and score)
+#   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
+#                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
+# On a 4-GPU machine two phases run side by side, each on its own pair: GPUS=0,1 and GPUS=2,3.
 # Each phase stops itself (SIGTERM, then SIGKILL 20 s later) well inside the device's 600 s call limit: a
-# command cut by that limit loses the machine and everything under /tmp.
+# command cut by that limit loses the machine and everything under /tmp. DEADLINE (epoch seconds) shortens
+# each phase's limit so that phases chained in one command all end by then.
 # Expects the project on PYTHONPATH with DeepSpeed, Ray, Hydra and vLLM importable (shared wheels), and $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +23,12 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 \
   TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$REPRO_OUTPUTS_DIR"
 PY=${PY:-python3}
+[ -n "${GPUS:-}" ] && export CUDA_VISIBLE_DEVICES=$GPUS
+limit() {  # seconds this phase may run: its default, or less so that it ends by $DEADLINE
+  local want=$1
+  if [ -n "${DEADLINE:-}" ]; then local left=$(( DEADLINE - $(date +%s) - 25 )); [ "$left" -lt "$want" ] && want=$left; fi
+  [ "$want" -gt 30 ] && echo "$want" || echo 30
+}
 keep() {  # the files a run leaves, in one archive (a device command brings back few files)
   local dir=$1 name=$2
   tar -czf "$OUT/$name.tar.gz" -C "$(dirname "$dir")" --exclude checkpoints "$(basename "$dir")" 2>/dev/null
@@ -28,28 +38,39 @@ keep() {  # the files a run leaves, in one archive (a device command brings back
 case "${1:-}" in
   build)
     { nvidia-smi --query-gpu=name,memory.total --format=csv; $PY -c 'import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)'; } > "$OUT/versions.txt" 2>&1
+    # DeepSpeed's JIT ops, built once beside the policy (on the CPU) so that no timed run pays for them.
+    $PY -c 'from deepspeed.ops.op_builder import CPUAdamBuilder, FusedAdamBuilder; FusedAdamBuilder().load(); CPUAdamBuilder().load()' \
+      > "$OUT/jit_ops.log" 2>&1 & jit=$!
     { time $PY -m repro.data policy qwen3-0.6b-arith; } > "$OUT/build.log" 2>&1
-    echo "build rc=$?"; tail -4 "$OUT/build.log"
+    echo "build rc=$?"; tail -4 "$OUT/build.log"; wait $jit; echo "jit ops rc=$?"
     ;;
   run)
     seed=${2:-1}; dir=$REPRO_OUTPUTS_DIR/grpo_0p6b_seed$seed
-    timeout -k 20 "${RUN_TIMEOUT:-540}" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed="$seed" trainer.save_freq=${SAVE_FREQ:-10} \
+    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed="$seed" trainer.save_freq=${SAVE_FREQ:-10} \
       trainer.max_actor_ckpt_to_keep=1 trainer.progress=plain trainer.output_dir="$dir" "${@:3}" >> "$OUT/run_seed$seed.log" 2>&1
     echo "run rc=$?"; tail -5 "$OUT/run_seed$seed.log"; keep "$dir" "grpo_0p6b_seed$seed"
     ;;
   gate)
-    REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 REPRO_GATE_OUT="$REPRO_OUTPUTS_DIR/gate" timeout -k 20 "${GATE_TIMEOUT:-540}" \
+    REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 REPRO_GATE_OUT="$REPRO_OUTPUTS_DIR/gate" timeout -k 20 "$(limit "${GATE_TIMEOUT:-540}")" \
       $PY -m pytest tests/gpu_e2e -m gpu -k 0p6b_policy -v -s -p no:cacheprovider "${@:2}" > "$OUT/gate_pytest.log" 2>&1
     echo "gate rc=$?"; tail -5 "$OUT/gate_pytest.log"
     for d in "$REPRO_OUTPUTS_DIR"/gate/*/; do [ -d "$d" ] && keep "${d%/}" "gate_$(basename "$d")"; done
     ;;
   six)
-    cases=${2:?cases}; steps=${3:?steps}; seed=${4:-1}
-    timeout -k 20 "${SIX_TIMEOUT:-540}" $PY -m repro.bench six-case --cases "$cases" --steps "$steps" --seed "$seed" \
-      --retries 0 --run-tag "six_${cases//,/_}_s$seed" --outputs-root "$REPRO_OUTPUTS_DIR" -- -cn grpo_0p6b \
-      trainer.val_before_train=False trainer.test_freq=-1 "${@:5}" >> "$OUT/six_$seed.log" 2>&1
-    echo "six rc=$?"; tail -4 "$OUT/six_$seed.log"
-    for d in "$REPRO_OUTPUTS_DIR"/six_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
+    cases=${2:?cases}; steps=${3:?steps}; seed=${4:-1}; tag="six_${cases//,/_}_s$seed"
+    val=(trainer.val_before_train=False trainer.test_freq=-1); [ "${VAL:-0}" = 1 ] && val=()
+    timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench six-case --cases "$cases" --steps "$steps" --seed "$seed" \
+      --retries 0 --run-tag "$tag" --outputs-root "$REPRO_OUTPUTS_DIR" -- -cn grpo_0p6b "${val[@]}" "${@:5}" >> "$OUT/$tag.log" 2>&1
+    echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
+    for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]" >&2; exit 2 ;;
+  crossover)
+    seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
+    timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
+      --steps "$steps" --retries 0 --run-tag "$tag" --outputs-root "$REPRO_OUTPUTS_DIR" -- -cn grpo_0p6b \
+      trainer.val_before_train=False trainer.test_freq=-1 >> "$OUT/$tag.log" 2>&1
+    echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
+    for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
+    ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac

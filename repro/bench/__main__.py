@@ -12,6 +12,10 @@
   (padded, token-budget and remove-padding updates), :mod:`repro.bench.rollout` (rollout speed),
   each with its own arguments.
 
+``--collect DIR [DIR ...]`` runs nothing: it reads the ``summary.tsv`` of earlier outputs of the same
+benchmark (e.g. one seed per device command, or per pair of GPUs) and writes the summaries, comparisons
+and curves of them all into a new output folder, as if one command had run them.
+
 The base command line comes after ``--`` (default ``-cn grpo_tiny``), e.g.
 ``python -m repro.bench six-case --steps 60 -- -cn ppo_tiny trainer.n_gpus_per_node=2``.
 A progress line is printed per case; the exit status is 1 when a case still failed after its
@@ -43,6 +47,8 @@ from repro.bench.summary import (
     SUMMARY_COLUMNS,
     overall_rows,
     paired_deltas,
+    parse_summary_row,
+    read_tsv,
     write_tsv,
 )
 
@@ -111,6 +117,10 @@ def _parser() -> argparse.ArgumentParser:
         else:
             s.add_argument("--seeds", default="7777", help="seeds separated by spaces or commas")
             s.add_argument("--step-modes", default="0,1", help="VERL_DS_ZERO2_STEP_EACH_MICRO values: 0, 1 or 0,1")
+            s.add_argument("--cases", default="", help="comma-separated subset of the step modes' cases "
+                                                       "(zero1_sem0, zero2_sem0, ...; default all)")
+        s.add_argument("--collect", nargs="+", type=Path, metavar="DIR",
+                       help="run nothing: summarise these earlier outputs of this benchmark together")
         s.add_argument("--steps", type=int, default=60, help="RL steps per run")
         s.add_argument("--run-tag", default=tag, help="outputs/<run-tag>_<timestamp>/")
         s.add_argument("--outputs-root", default="outputs")
@@ -137,14 +147,45 @@ def _plan(args: argparse.Namespace) -> tuple[list[Case], list[int], list[tuple[s
     if args.retries < 0:
         raise ValueError(f"--retries={args.retries} is not valid; it must be >= 0")
     if args.command == "six-case":
-        by_name = {c.name: c for c in SIX_CASES}
-        names = [n for n in args.cases.split(",") if n]
-        bad = [n for n in names if n not in by_name]
-        if bad or not names:
-            raise ValueError(f"--cases: {bad or args.cases!r} not valid; choose from {list(by_name)}")
-        return [by_name[n] for n in names], [args.seed], []
+        return _pick(SIX_CASES, args.cases), [args.seed], []
     modes = _ints(args.step_modes, "--step-modes", (0, 1))
-    return crossover_cases(modes), _ints(args.seeds, "--seeds"), crossover_comparisons(modes)
+    cases = crossover_cases(modes)
+    return _pick(cases, args.cases or ",".join(c.name for c in cases)), _ints(args.seeds, "--seeds"), \
+        crossover_comparisons(modes)
+
+
+def _pick(cases: Sequence[Case], text: str) -> list[Case]:
+    by_name = {c.name: c for c in cases}
+    names = [n for n in text.split(",") if n]
+    bad = [n for n in names if n not in by_name]
+    if bad or not names:
+        raise ValueError(f"--cases: {bad or text!r} not valid; choose from {list(by_name)}")
+    return [by_name[n] for n in names]
+
+
+def _collect(dirs: Sequence[Path], cases: Sequence[Case], seeds: Sequence[int]) -> list[tuple[dict, Path]]:
+    """The rows (and metrics files) of earlier outputs for ``cases`` x ``seeds``, each found once."""
+    wanted, found = {c.name for c in cases}, {}
+    for d in dirs:
+        if not (d / "summary.tsv").is_file():
+            raise ValueError(f"--collect: {d} has no summary.tsv (not an output folder of python -m repro.bench)")
+        for row in map(parse_summary_row, read_tsv(d / "summary.tsv")):
+            if row["case"] not in wanted or row["seed"] not in seeds:
+                continue
+            key = (row["case"], row["seed"])
+            if key in found:
+                raise ValueError(f"--collect: {key[0]} seed {key[1]} is in both {found[key][1]} and {d}")
+            found[key] = (row, d)
+    missing = [f"{c.name} seed {s}" for s in seeds for c in cases if (c.name, s) not in found]
+    if missing:
+        raise ValueError(f"--collect: no row for {', '.join(missing)} in {[str(d) for d in dirs]}")
+    out = []
+    for seed in seeds:
+        for case in cases:
+            row, d = found[(case.name, seed)]
+            single = d / case.name / "metrics.tsv"
+            out.append((row, single if single.is_file() else d / f"seed{seed}" / case.name / "metrics.tsv"))
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,7 +202,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    error = validate_base(base, cases[0])
+    try:
+        collected = _collect(args.collect, cases, seeds) if args.collect else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    error = None if collected else validate_base(base, cases[0])
     if error:
         print(f"error: base command line {' '.join(base)!r}: {error.removeprefix('error: ')}", file=sys.stderr)
         return 2
@@ -170,10 +216,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     while out.exists():
         out, k = out.with_name(f"{args.run_tag}_{time.strftime('%Y%m%d_%H%M%S')}_{k}"), k + 1
     out.mkdir(parents=True)
-    print(f"{args.command}: {len(cases)} case(s) x {len(seeds)} seed(s), {args.steps} steps each; "
-          f"base: {' '.join(base)}; outputs: {out}", flush=True)
     rows, runs, total = [], [], len(cases) * len(seeds)
-    for seed in seeds:
+    if collected:
+        print(f"{args.command}: {total} run(s) collected from {', '.join(map(str, args.collect))}; "
+              f"outputs: {out}", flush=True)
+        for row, metrics in collected:
+            rows.append(row)
+            runs.append((row["case"] if len(seeds) == 1 else f"{row['case']} s{row['seed']}", metrics))
+        write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows)
+    else:
+        print(f"{args.command}: {len(cases)} case(s) x {len(seeds)} seed(s), {args.steps} steps each; "
+              f"base: {' '.join(base)}; outputs: {out}", flush=True)
+    for seed in seeds if not collected else ():
         for case in cases:
             case_dir = out / case.name if len(seeds) == 1 else out / f"seed{seed}" / case.name
             row = run_case(case, seed, base, steps=args.steps, case_dir=case_dir, retries=args.retries,

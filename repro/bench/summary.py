@@ -123,6 +123,27 @@ def write_tsv(path: str | Path, columns: Sequence[str], rows: Iterable[Mapping[s
     Path(path).write_text("\n".join(lines) + "\n")
 
 
+# summary.tsv columns that hold text or whole numbers; every other column is a float.
+_TEXT_COLUMNS = ("case", "status", "optimizer_on", "params_on", "step_each_micro")
+_INT_COLUMNS = ("seed", "retries", "steps", "zero_stage")
+
+
+def parse_summary_row(row: Mapping[str, str]) -> dict[str, Any]:
+    """A summary.tsv row read back as :func:`case_row` made it (empty cells: None), so rows of
+    earlier benchmark runs can be compared as if this run had made them."""
+    out: dict[str, Any] = {}
+    for col, text in row.items():
+        if text == "":
+            out[col] = None
+        elif col in _TEXT_COLUMNS:
+            out[col] = text
+        elif col in _INT_COLUMNS:
+            out[col] = int(text)
+        else:
+            out[col] = float(text)
+    return out
+
+
 def read_tsv(path: str | Path) -> list[dict[str, str]]:
     """Rows of a TSV written by :func:`write_tsv`, as strings keyed by column."""
     lines = Path(path).read_text().splitlines()
