@@ -86,13 +86,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _parse(text: str) -> float | str | None:
+def _parse(text: str) -> int | float | str | None:
     if text == "":
         return None
-    try:
-        return float(text)
-    except ValueError:
-        return text
+    # An integer was written as one (floats always carry a '.', an 'e' or 'inf'/'nan' through repr):
+    # read it back as one, so a resume's rewrite leaves the rows it keeps byte for byte as they were.
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 class MetricsLog:
@@ -160,6 +164,10 @@ class MetricsLog:
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    # mkstemp makes the file 0600; give it the mode a plain open() would, as the run's other files have.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)
     with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()

@@ -33,6 +33,19 @@ def test_rows_survive_reopen_and_truncate_keeps_rows_up_to_checkpoint(tmp_path):
     assert final.rows[-1]["critic/score/mean"] == 0.99
 
 
+def test_a_resume_rewrite_keeps_the_kept_rows_byte_for_byte_and_a_plain_files_mode(tmp_path):
+    path = tmp_path / "metrics.tsv"
+    log = MetricsLog(path)
+    for s in range(1, 5):
+        log.append(_row(s, s / 3, **{"perf/total_num_tokens": 5398 + s}))
+    before = path.read_text().splitlines()
+    with open(tmp_path / "plain", "w"):
+        pass
+    assert MetricsLog(path).truncate_after(2) == 2
+    assert path.read_text().splitlines() == before[:3]
+    assert path.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
+
+
 def test_new_key_widens_header_and_keeps_earlier_rows(tmp_path):
     log = MetricsLog(tmp_path / "metrics.tsv")
     log.append(_row(1, 0.1))
