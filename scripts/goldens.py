@@ -13,6 +13,13 @@ would be wider than the effect of a changed learning rate, so it would check not
 therefore keys on the sha256 of the tiny policy's ``model.safetensors``, the torch version and the
 CPU's kernel paths (``repro.data.tiny_fixture.kernel_paths``); a machine that differs in any gets a
 skip that says so, not a pass or a failure. Timings and memory are not in the golden.
+
+``--case grpo_0p6b``: the GPU gate's seed-scale case (``tests/gpu_e2e/test_grpo_gate.py``: ``-cn grpo_0p6b``,
+seed 1, 30 steps, 2 GPUs, vLLM), from run folders only (``--run-dir``; ``--update`` takes three or more).
+Every metric but timings, MFU, throughput and host memory is exact: three runs on two H100 hosts gave every
+one of them, GPU memory peaks included, equal to the last bit (``fixtures/goldens/README.md``). The median
+step time after warm-up is bounded by the runs' mean + 3 sd. Keyed on the GPU model, the number of GPUs, the
+policy's cache key and the torch / transformers / DeepSpeed / vLLM versions.
 """
 
 from __future__ import annotations
@@ -91,14 +98,107 @@ def diff(golden: list[dict], fresh: list[dict]) -> list[str]:
     return lines
 
 
+GPU_GOLDEN = ROOT / "fixtures" / "goldens" / "grpo_0p6b_gpu.json"
+GPU_STEPS = 30
+# Not exact across runs: wall-clock figures and what else runs on the host.
+GPU_INEXACT = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "perf/cpu_")
+STEP_TIME_SD = 3.0
+"""The median step time (steps 2..GPU_STEPS) may exceed the golden runs' mean by this many of their sd."""
+
+
+def gpu_identity(run_dir: Path, n_gpus: int | None = None) -> dict[str, object]:
+    """What a GPU golden is valid for: the GPU model and count, the policy's cache key, the versions."""
+    import deepspeed
+    import torch
+    import transformers
+    import vllm
+    import yaml
+
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return {"gpu": torch.cuda.get_device_name(0), "n_gpus": n_gpus or cfg["trainer"]["n_gpus_per_node"],
+            "policy_key": Path(cfg["actor_rollout_ref"]["model"]["path"]).name, "torch": torch.__version__,
+            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "vllm": vllm.__version__}
+
+
+def gpu_steps(run_dir: Path) -> tuple[list[dict], float]:
+    """The exact metrics of the first GPU_STEPS steps, and the median step time after the first step."""
+    import statistics
+
+    from repro.rl.metrics import MetricsLog
+
+    rows = MetricsLog(run_dir / "metrics.tsv" if run_dir.is_dir() else run_dir).rows[:GPU_STEPS]
+    exact = [{k: v for k, v in r.items() if v is not None and not k.startswith(GPU_INEXACT)} for r in rows]
+    return exact, statistics.median(r["timing_s/step"] for r in rows[1:])
+
+
+def gpu_golden(run_dirs: list[Path], identity: dict, more_step_s: list[float]) -> dict:
+    """The golden of two or more runs' metrics, which must agree, and the step-time bound from three or
+    more runs' median step times (``more_step_s``: runs whose console gave their step times, not their metrics)."""
+    import statistics
+
+    if len(run_dirs) < 2 or len(run_dirs) + len(more_step_s) < 3:
+        raise SystemExit("--update --case grpo_0p6b needs two or more --run-dir and three or more runs in all "
+                         "(--step-time for the others): the exact values must agree and the step time has a spread")
+    runs = [gpu_steps(d) for d in run_dirs]
+    for d, (steps, _) in zip(run_dirs[1:], runs[1:], strict=True):
+        lines = diff(runs[0][0], steps)
+        if lines:
+            raise SystemExit(f"{d} differs from {run_dirs[0]}: not one run to make a golden of:\n" + "\n".join(lines[:20]))
+    times = [t for _, t in runs] + more_step_s
+    mean, sd = statistics.mean(times), statistics.stdev(times)
+    return {"identity": identity, "runs": [str(d.relative_to(ROOT) if d.is_relative_to(ROOT) else d) for d in run_dirs],
+            "median_step_s": times, "median_step_s_bound": mean + STEP_TIME_SD * sd, "steps": runs[0][0]}
+
+
+def check_gpu(run_dir: Path, golden: dict, identity: dict) -> list[str]:
+    """Lines that differ from the GPU golden (empty: the run matches)."""
+    steps, median = gpu_steps(run_dir)
+    lines = diff(golden["steps"], steps)
+    if median > golden["median_step_s_bound"]:
+        lines.append(f"median step time {median:.3f} s > bound {golden['median_step_s_bound']:.3f} s "
+                     f"(golden runs {golden['median_step_s']})")
+    return lines
+
+
+def main_gpu(args: argparse.Namespace) -> int:
+    import json as _json
+
+    dirs = args.run_dir_list
+    if not dirs:
+        raise SystemExit("--case grpo_0p6b compares run folders: give --run-dir (the gate writes one)")
+    identity = _json.loads(args.identity) if args.identity else gpu_identity(dirs[0])
+    if args.update:
+        GPU_GOLDEN.write_text(json.dumps(gpu_golden(dirs, identity, args.step_time), indent=1) + "\n")
+        print(f"wrote {GPU_GOLDEN.relative_to(ROOT)} ({GPU_STEPS} steps of {len(dirs)} runs)")
+        return 0
+    golden = json.loads(GPU_GOLDEN.read_text())
+    if golden["identity"] != identity:
+        print(f"SKIP: the golden is for {golden['identity']}, this run has {identity}")
+        return 0
+    lines = check_gpu(dirs[0], golden, identity)
+    print("\n".join(lines) if lines else f"OK: {GPU_STEPS} steps equal to {GPU_GOLDEN.relative_to(ROOT)}, "
+          f"median step time within {golden['median_step_s_bound']:.3f} s")
+    return 1 if lines else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--check", action="store_true")
     mode.add_argument("--update", action="store_true")
-    ap.add_argument("--run-dir", type=Path, help="an existing run folder instead of a fresh run")
+    ap.add_argument("--run-dir", type=Path, action="append", dest="run_dir_list", default=[],
+                    help="an existing run folder instead of a fresh run (--case grpo_0p6b --update: three or more)")
+    ap.add_argument("--case", choices=("grpo_tiny", "grpo_0p6b"), default="grpo_tiny")
+    ap.add_argument("--step-time", type=float, action="append", default=[],
+                    help="grpo_0p6b --update: the median step time of a further run known only by its console")
+    ap.add_argument("--identity", help="grpo_0p6b: the identity as JSON, for runs made elsewhere (default: this machine's)")
     ap.add_argument("extra", nargs="*", help="overrides after the golden's own (e.g. to show a change fails)")
     args = ap.parse_args(argv)
+    if args.case == "grpo_0p6b":
+        return main_gpu(args)
+    if len(args.run_dir_list) > 1:
+        raise SystemExit("--case grpo_tiny compares one --run-dir")
+    args.run_dir = args.run_dir_list[0] if args.run_dir_list else None
     identity = policy_identity()
     if args.check:
         golden = json.loads(GOLDEN.read_text())
