@@ -8,6 +8,8 @@
 #   bash scripts/seed_scale.sh gate          # the 0.6B gate case of nox -s gpu_e2e (pytest output in $OUT)
 #   bash scripts/seed_scale.sh six CASES STEPS [SEED] [KEY=VALUE ...]  # python -m repro.bench six-case on -cn grpo_0p6b
 #                                            # (validation off unless VAL=1: the bench compares memory, speed and score)
+#   bash scripts/seed_scale.sh four ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the seed's dp x sp layout example
+#                                            # (mini-batch 128, micro 16, token budgets off; SP=1 is dp=4, SP=2 is dp=2 x sp=2)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -64,6 +66,16 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
+  four)
+    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; dir=$REPRO_OUTPUTS_DIR/four_zero${zero}_sp$sp
+    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.n_gpus_per_node=4 \
+      actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
+      data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=128 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
+      actor_rollout_ref.actor.use_dynamic_bsz=False actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False \
+      trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
+      trainer.output_dir="$dir" "${@:5}" >> "$OUT/four_zero${zero}_sp$sp.log" 2>&1
+    echo "four zero$zero sp$sp rc=$?"; tail -3 "$OUT/four_zero${zero}_sp$sp.log"; keep "$dir" "four_zero${zero}_sp$sp"
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -72,5 +84,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
