@@ -377,8 +377,10 @@ def run(cfg: RunConfig, claim: Claim | None = None) -> Path:
         if isinstance(e, SystemExit) and e.code != signal.SIGTERM:
             raise
         with ignore_signals():
-            shutdown_ray()
+            # Recorded before Ray stops: the record needs no cluster, and a stop that outlasts the
+            # sender's grace (timeout -k, a batch system's kill wait) then still leaves it.
             log.error(mark_interrupted(paths))
+            shutdown_ray()
         raise KeyboardInterrupt from None
     except WorkerError as e:
         log.debug("%s\n%s", e, e.details)

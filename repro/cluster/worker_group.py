@@ -22,6 +22,7 @@ Every other run starts fresh rank processes and kills them at the end.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -38,7 +39,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from repro.cluster import placement, shared_storage
 from repro.cluster.errors import WorkerError, gather
 from repro.cluster.ray_reaper import init_ray
-from repro.cluster.signals import reclaim_sigterm
+from repro.cluster.signals import reclaim_sigterm, sigterm_received
 from repro.config import RunConfig
 from repro.devices import on_cpu
 
@@ -353,11 +354,11 @@ class WorkerGroup:
                 time.sleep(1.0)
 
     def _remove_pgs(self) -> None:
-        for pg in self._pgs:
-            try:
+        # A synchronous GCS round trip: after a SIGTERM the GCS may be stopping and never answer
+        # (repro.cluster.signals); Ray removes a placement group with the driver that made it.
+        for pg in [] if sigterm_received() else self._pgs:
+            with contextlib.suppress(Exception):  # best effort while tearing down
                 remove_placement_group(pg)
-            except Exception:  # noqa: BLE001 - best effort while tearing down
-                pass
 
     def shutdown(self) -> None:
         """Kill the ranks, free their placement groups; release reused ranks instead unless a call failed or one
@@ -377,7 +378,7 @@ class WorkerGroup:
                 pass
         self.actors = []
         self._remove_pgs()
-        if killed_names:
+        if killed_names and not sigterm_received():  # for a next run in this driver (GCS calls)
             _wait_names_released(self.world)
 
 

@@ -1,10 +1,13 @@
 """Ctrl-C and SIGTERM: stop cleanly, say where the run stands and how to continue it.
 
 The driver turns SIGTERM into the ``KeyboardInterrupt`` that Ctrl-C raises
-(``repro.cluster.signals``), so both take one path: the trainer's ``finally`` blocks kill the rank actors and shut Ray down,
-and :func:`mark_interrupted` records ``status: interrupted`` with the last complete checkpoint in
-``run.json`` and returns the one line that tells how to resume. A second signal while that
-cleanup runs is ignored (``repro.cluster.signals.ignore_signals``), so it cannot leave processes behind.
+(``repro.cluster.signals``), so both take one path: the trainer's ``finally`` blocks kill the rank actors,
+:func:`mark_interrupted` records ``status: interrupted`` with the last complete checkpoint in
+``run.json`` and returns the one line that tells how to resume, and Ray is shut down last (the
+record needs no cluster). A SIGTERM to the whole process group (GNU timeout, ``kill -TERM -<pgid>``)
+or to every process of the job stops Ray's own processes at the same moment; the stop then waits
+on nothing they must answer (``repro.cluster.signals``). A second signal while that cleanup runs is
+ignored (``repro.cluster.signals.ignore_signals``), so it cannot leave processes behind.
 """
 
 from __future__ import annotations

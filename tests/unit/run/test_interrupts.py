@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from repro.cluster.signals import ignore_signals, terminate_as_interrupt
+from repro.cluster.signals import ignore_signals, sigterm_received, terminate_as_interrupt
 from repro.run import interrupts
 from repro.run.checkpoints import CheckpointStore
 from repro.run.interrupts import hold_after_checkpoint, mark_interrupted
@@ -52,8 +52,13 @@ def test_sigterm_becomes_the_interrupt_of_ctrl_c_and_cleanup_ignores_a_second_si
     # Whatever the process started with (a background job of a non-interactive shell starts with
     # SIGINT ignored, not with Python's default handler) is what must come back.
     before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"), terminate_as_interrupt():
-        os.kill(os.getpid(), signal.SIGTERM)
+    with terminate_as_interrupt():
+        assert not sigterm_received()
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        # Remembered for the stop, which then makes no call that waits on Ray's GCS (it may have the SIGTERM too).
+        assert sigterm_received()
+    assert not sigterm_received()  # a later run in this process starts afresh
     with ignore_signals():
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
