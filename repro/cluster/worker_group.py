@@ -372,10 +372,8 @@ class WorkerGroup:
                 self.actors = []
         killed_names = bool(getattr(self, "reuse", False) and self.actors)
         for a in getattr(self, "actors", []):
-            try:
+            with contextlib.suppress(Exception):  # a rank already gone
                 ray.kill(a)
-            except Exception:  # noqa: BLE001
-                pass
         self.actors = []
         self._remove_pgs()
         if killed_names and not sigterm_received():  # for a next run in this driver (GCS calls)
