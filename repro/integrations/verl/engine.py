@@ -41,15 +41,28 @@ DEVICES = ["cuda", "cpu"]
 
 
 class _ModeCtx(BaseEngineCtx):
-    """verl's train/eval context: load/offload around the mode (BaseEngineCtx), module mode, zero grad."""
+    """verl's train/eval context: load/offload around the mode (BaseEngineCtx), module mode, zero grad.
+
+    The outermost train context of an actor engine is one actor update: verl's ``update_actor``
+    (``TrainingWorker.train_mini_batch``) holds one around all of the step's mini-batches, each
+    ``train_batch`` nests its own. Entering it counts the update and arms ``REPRO_FAULT_RANK``'s
+    fault (``RoleEngine.arm_fault``), as repro's ``ActorWorker.update_policy`` does."""
 
     def __enter__(self) -> None:
         super().__enter__()
-        self.engine.role.module.train(self.mode == "train")
+        engine = self.engine
+        engine.role.module.train(self.mode == "train")
+        if self.mode == "train":
+            if engine._train_depth == 0 and not engine.value_head:
+                engine.updates += 1
+                engine.role.arm_fault(engine.updates)
+            engine._train_depth += 1
 
     def __exit__(self, exc_type, exc_val, exc_tb) -> None:
-        if self.mode == "train" and (self.zero_grad_on_exit or exc_type is not None):
-            self.engine.optimizer_zero_grad()
+        if self.mode == "train":
+            self.engine._train_depth -= 1
+            if self.zero_grad_on_exit or exc_type is not None:
+                self.engine.optimizer_zero_grad()
         super().__exit__(exc_type, exc_val, exc_tb)
 
 
@@ -79,6 +92,9 @@ class DeepSpeedEngine(BaseEngine):
         self.offload = engine_config.offload_plan(self.ds)
         self.role: RoleEngine | None = None
         self.mode: str | None = None
+        self.updates = 0
+        """Actor updates so far (outermost train contexts; saved in checkpoints): REPRO_FAULT_RANK's count."""
+        self._train_depth = 0
         self._dp_group: Any = None
 
     # ---- building ----------------------------------------------------------------------------
@@ -217,11 +233,11 @@ class DeepSpeedEngine(BaseEngine):
                         max_ckpt_to_keep: int | None = None, **kwargs: Any) -> None:
         if hdfs_path:
             raise ValueError("DeepSpeed engine save_checkpoint(hdfs_path=...) is not supported; choose hdfs_path=None")
-        save_engine(self.role, local_path, global_step, self.engine_config)
+        save_engine(self.role, local_path, global_step, self.engine_config, updates=self.updates)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = True,
                         **kwargs: Any) -> None:
-        load_engine(self.role, local_path, self.engine_config)
+        _, self.updates = load_engine(self.role, local_path, self.engine_config)
 
     def disable_adapter(self) -> contextlib.AbstractContextManager:
         return lora.adapters_disabled(self.role.module)
