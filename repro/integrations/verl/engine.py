@@ -177,6 +177,18 @@ class DeepSpeedEngine(BaseEngine):
 
     def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None,
                                forward_only: bool = False) -> Any:
+        """verl's micro-batch loop on this engine. An error raised in it carries a note naming this
+        rank: verl's driver shows a rank's error through Ray, which names the worker's pid only."""
+        try:
+            return self._forward_backward_batch(data, loss_function, forward_only)
+        except Exception as err:
+            if hasattr(err, "add_note"):  # Python >= 3.11; the traceback verl prints shows it
+                what = "forward" if forward_only else "update"
+                err.add_note(f"(raised on rank {dist.get_rank()} of {dist.get_world_size()} in the {what} of "
+                             f"repro's DeepSpeed engine)")
+            raise
+
+    def _forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only: bool) -> Any:
         group = self.get_data_parallel_group()
         tu.assign_non_tensor(data, sp_size=self.sp)
         keep_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)

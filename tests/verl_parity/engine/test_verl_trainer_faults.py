@@ -101,6 +101,8 @@ def test_one_rank_failing_in_verls_trainer_stops_every_rank_with_its_error_first
     assert not others, f"another error was reported before rank 1's: {others[:3]}"
     wrappers = [ln for ln in before if "update_actor" in ln]
     assert wrappers and f"pid={ranks['1']}," in wrappers[-1], f"rank 1's error not raised from its process: {wrappers}"
+    # Ray names the worker's pid only; the engine's note names the rank (repro.integrations.verl.engine).
+    assert any("raised on rank 1 of 2 in the update" in ln for ln in output[first:first + 3]), output[first:first + 3]
 
     # Nothing past the last good checkpoint: step 1 saved, logged and marked; step 2 neither.
     assert trainer_job.checkpoints(out) == ["global_step_1"], trainer_job.checkpoints(out)
