@@ -7,7 +7,7 @@ checkpoint) while rank 0 goes on into the update's gradient all-reduce and waits
 fault as repro's own trainer's test (``tests/distributed/test_run_safety.py``), fired by the same
 engine code (``repro.workers.engine.RoleEngine``).
 
-One fault kind only: each verl job costs 45-55 s here (Ray and six processes importing verl on 2
+One fault kind only: each verl job costs 40-55 s here (Ray and six processes importing verl on 2
 cores), above the ~30 s a parametrized kind may add; ``data`` and ``oom`` go through the same arming
 and differ only in the exception, which repro's trainer's test covers.
 """
@@ -25,9 +25,10 @@ import pytest
 from tests import jobs
 from tests.verl_parity.engine import trainer_job
 
-# Measured (start to exit, the job's own imports and Ray start-up included): 45.8, 53.9 and 51.1 s
-# on this 2-core machine at load 2-3 (results/run_safety.md). A rank left waiting in its collective
-# would wait for the process group's timeout instead: verl passes none, so torch's default, 30 min.
+# Measured, start to exit (Ray's start-up and six processes importing verl included, ~28 s of it):
+# 38.3-43.4 s in four runs on this 2-core machine at load ~1, 53.9 s once when it was busier
+# (results/run_safety.md). The bound is over 3x the slowest; a rank left waiting in its collective
+# would wait for the process group's timeout instead (verl passes none: torch's default, 30 min).
 _STOP_BOUND_S = 180
 _FAULT = "RuntimeError: injected fault (REPRO_FAULT_RANK): rank 1's forward failed"
 # An exception's headline: "SomeError: ...", "ray.exceptions.RayTaskError(SomeError): ...".
