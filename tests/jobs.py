@@ -5,6 +5,7 @@ Every job-level test starts its jobs and reads their outputs through this module
 - CPU jobs on 2 gloo ranks through Ray: ``tests/distributed/test_trainer.py``, ``test_lora_run.py``,
   ``test_checkpoint_fallback.py``, ``test_run_safety.py``, ``cluster/test_multinode.py``;
 - verl's algorithm set end to end, several jobs in one driver: ``tests/distributed/test_verl_algorithms_e2e.py``;
+- verl 0.9.1's own trainer with repro's engine (``tests/verl_parity/engine/trainer_job.py``, in .venv-verl);
 - the GPU gate (NCCL, a ``gate.json`` record per case): ``tests/gpu_e2e/test_grpo_gate.py``.
 
 A job is the trainer as a user runs it, in a process of its own: either the CLI
@@ -32,6 +33,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from repro.config.presets import preset_overrides
@@ -184,6 +186,41 @@ def wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, step: int, timeou
             raise AssertionError(f"run ended (rc {proc.returncode}) before its step-{step} checkpoint:\n{out}")
         time.sleep(0.2)
     raise AssertionError(f"no step-{step} checkpoint ({marker}) within {timeout} s")
+
+
+def job_processes(driver: int, outputs: Path) -> set[psutil.Process]:
+    """The processes of the job whose driver is ``driver``: its descendants and every process running
+    with its outputs folder (``REPRO_OUTPUTS_DIR``, :func:`job_env`: Ray's workers inherit it from the
+    driver, though not its process tree), for :func:`alive`."""
+    found: set[psutil.Process] = set()
+    try:
+        found.update(psutil.Process(driver).children(recursive=True))
+    except psutil.NoSuchProcess:
+        pass
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("REPRO_OUTPUTS_DIR") == str(outputs) and p.pid != os.getpid():
+                found.add(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def alive(procs: set[psutil.Process], wait_s: float) -> list[str]:
+    """Those of ``procs`` (:func:`job_processes`) still running after up to ``wait_s`` seconds, as
+    ``"<pid> <command line>"``: empty once every one has ended (a zombie counts as ended)."""
+    deadline = time.time() + wait_s
+    while True:
+        running = []
+        for p in procs:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    running.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+            except psutil.NoSuchProcess:
+                continue
+        if not running or time.time() > deadline:
+            return running
+        time.sleep(0.5)
 
 
 class SharedRun:

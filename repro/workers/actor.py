@@ -24,7 +24,7 @@ from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import check_inactive_skip, plan_role_batch
 from repro.rl.algorithms import agg_loss, kl_penalty
 from repro.rl.policy_losses import compute_policy_loss_by_mode
-from repro.workers import checkpoint, faults, lora, ulysses, varlen
+from repro.workers import checkpoint, lora, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.logprob import token_log_probs
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
@@ -67,7 +67,6 @@ class ActorWorker:
         self.remove_padding = bool(arr.model.use_remove_padding)
         torch.manual_seed(cfg.trainer.seed)  # any weights new to the checkpoint init alike on every rank
         module = load_hf_model(arr.model, torch_dtype(self.ds))
-        self.vocab_size = module.get_input_embeddings().num_embeddings
         self.sp = arr.actor.ulysses_sequence_parallel_size
         mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
         self.varlen = self.remove_padding and self.sp == 1 and varlen.supported(torch_dtype(self.ds))
@@ -174,15 +173,12 @@ class ActorWorker:
         dp = float(self.world_size // self.sp)
         capacity = self.plan.max_token_len if self.plan.dynamic else None
         results, token_weights = [], []
-        fault = faults.planned(self.rank, self.updates + 1)
-        fault_mb = minis[0].micro_batches[-1] if fault and minis and minis[0].micro_batches else None
+        self.engine.arm_fault(self.updates + 1)  # REPRO_FAULT_RANK (repro.workers.faults), fired by the engine
         for mini in minis:
             denoms = {"token_denominator": max(mini.global_tokens, 1.0), "seq_denominator": mini.global_seqs,
                       "loss_scale_factor": a.loss_scale_factor}
 
             def loss_fn(mb: Batch, denoms=denoms) -> tuple[torch.Tensor, dict[str, float]]:
-                if fault and mb is fault_mb:
-                    mb = {**mb, "input_ids": faults.inject(fault, mb["input_ids"], self.vocab_size)}
                 mask = mb["response_mask"].to(torch.float32)
                 log_prob, entropy = self._log_probs(mb, with_entropy=a.entropy_coeff != 0, capacity=capacity)
                 pg = compute_policy_loss_by_mode(a.policy_loss.loss_mode, mb["old_log_probs"].float(), log_prob,

@@ -13,6 +13,12 @@ mini-batch as a sequence of micro-batches with one optimizer update:
   the boundary). Both give the same update;
 - the grad norm is DeepSpeed's cached value from ``step()`` (no extra collective); DeepSpeed
   itself skips an update whose norm is not finite, which is counted.
+
+Both front doors train through it (repro's ``ActorWorker`` with :meth:`RoleEngine.train_mini_batch`,
+verl's engine API through ``repro.integrations.verl.engine`` with the parts of one update), so the
+one-rank fault of ``REPRO_FAULT_RANK`` (:mod:`repro.workers.faults`) fires here: the caller arms it at
+the start of each actor update (:meth:`RoleEngine.arm_fault`), and it fails the forward of the last
+micro-batch of that update's first mini-batch.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from repro.batching.batch import Batch
 from repro.config.ds_config import build_ds_config, resolve_model_dtype
 from repro.config.zero3 import model_size_of
 from repro.devices import default_device, nvml_used_gb, on_cpu
+from repro.workers import faults
 
 if TYPE_CHECKING:
     from repro.batching.plan import RoleBatchPlan
@@ -183,6 +190,9 @@ class RoleEngine:
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         self.engine: Any = None
+        self._fault: tuple[str, str] | None = None
+        """(kind, stage) of an armed ``REPRO_FAULT_RANK`` fault: stage ``armed`` (update begun), ``mini``
+        (its first mini-batch), ``fire`` (that mini-batch's last micro-batch: its next forward fails)."""
         from repro.workers.engaged import FedInputs
 
         self.fed = FedInputs()
@@ -219,8 +229,27 @@ class RoleEngine:
     def forward(self, **inputs: torch.Tensor) -> Any:
         """Forward through the engine (ZeRO-3 gathers parameters) or the plain module."""
         runner = self.engine if self.engine is not None else self.module
+        if self._fault is not None and self._fault[1] == "fire":
+            kind, self._fault = self._fault[0], None
+            vocab = self.module.get_input_embeddings().num_embeddings
+            inputs = {**inputs, "input_ids": faults.inject(kind, inputs["input_ids"], vocab, self._rank())}
         self.fed.add(inputs)
         return runner(**inputs)
+
+    def arm_fault(self, update: int) -> None:
+        """An actor update begins, the ``update``-th (1-based) of this rank: arm the fault that
+        ``REPRO_FAULT_RANK`` plans for this rank and update, if any (:func:`repro.workers.faults.planned`).
+
+        Called by each front door once per actor update: repro's ``ActorWorker.update_policy`` (its
+        update counter, kept in its checkpoints) and verl's engine on each ``update_actor``
+        (``repro.integrations.verl.engine``, its own counter, kept in its checkpoints). Unset, it
+        costs one environment lookup."""
+        kind = faults.planned(self._rank(), update)
+        self._fault = (kind, "armed") if kind else None
+
+    @staticmethod
+    def _rank() -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
 
     def report(self) -> dict[str, Any]:
         """What DeepSpeed, the module and the fed inputs say this role does (``repro.workers.engaged``)."""
@@ -261,11 +290,15 @@ class RoleEngine:
         """Start a mini-batch update: train mode, and the skip counter its outcome is read against."""
         self.module.train()
         self._skipped_before = self.engine.skipped_steps
+        if self._fault is not None:  # the armed update's first mini-batch; none after it
+            self._fault = (self._fault[0], "mini") if self._fault[1] == "armed" else None
 
     def start_micro(self, *, last: bool) -> None:
         """Before a micro-batch's forward: whether its backward ends the accumulation."""
         # Set on every micro-batch: the count may differ from DeepSpeed's nominal GAS.
         self.engine.set_gradient_accumulation_boundary(last)
+        if last and self._fault is not None and self._fault[1] == "mini":
+            self._fault = (self._fault[0], "fire")
 
     def backward_micro(self, loss: torch.Tensor, *, last: bool) -> None:
         """Backward of one micro-batch's (globally normalised) loss, after :meth:`start_micro`."""

@@ -38,37 +38,6 @@ def _run(cmd: list[str], outputs: Path, timeout: float = 240, ray_address: str |
     return jobs.run(cmd, job_env(outputs, ray_address), timeout=timeout, check=False)
 
 
-def _job_processes(driver: int, outputs: Path) -> set[psutil.Process]:
-    """The driver's descendants and every process running with this job's outputs folder (Ray workers)."""
-    found: set[psutil.Process] = set()
-    try:
-        found.update(psutil.Process(driver).children(recursive=True))
-    except psutil.NoSuchProcess:
-        pass
-    for p in psutil.process_iter():
-        try:
-            if p.environ().get("REPRO_OUTPUTS_DIR") == str(outputs) and p.pid != os.getpid():
-                found.add(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
-
-
-def _alive(procs: set[psutil.Process], wait_s: float) -> list[str]:
-    deadline = time.time() + wait_s
-    while True:
-        alive = []
-        for p in procs:
-            try:
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
-            except psutil.NoSuchProcess:
-                continue
-        if not alive or time.time() > deadline:
-            return alive
-        time.sleep(0.5)
-
-
 _INTERRUPTED = ["trainer.total_training_steps=4", "trainer.save_freq=2"]
 
 
@@ -102,7 +71,7 @@ def _interrupt(how: str, outputs: Path) -> Path:
     proc = jobs.start(_cmd(*_INTERRUPTED), env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
-        procs = _job_processes(proc.pid, outputs)
+        procs = jobs.job_processes(proc.pid, outputs)
         assert procs, "the job's processes were not found: the orphan check would prove nothing"
         started = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT if how == "ctrl-c" else getattr(signal, how))
@@ -113,7 +82,7 @@ def _interrupt(how: str, outputs: Path) -> Path:
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 130, out[-4000:]
     assert "Traceback" not in out, out[-4000:]
-    left = _alive(procs, wait_s=15)
+    left = jobs.alive(procs, wait_s=15)
     assert not left, f"processes left after {how}: {left}"
     state = json.loads((run_dir / "run.json").read_text())
     assert state["status"] == "interrupted" and state["last_checkpoint_step"] == 2
@@ -154,18 +123,18 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env=env)
     try:
         run_dir = _run_dir_at_step_2_checkpoint(outputs, proc)
-        procs = _job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
+        procs = jobs.job_processes(proc.pid, outputs) - {psutil.Process(bystander.pid)}
         names = {p.name() for p in procs}
         assert {"ray::DashboardAgent", "ray::RuntimeEnvAgent"} <= names, names
         agents = {p for p in procs if p.name() in ("ray::DashboardAgent", "ray::RuntimeEnvAgent")}
         proc.kill()  # the driver only, as `kill -9 <pid>` does; its Ray processes are not signalled
         proc.wait(timeout=30)
         # Checked at once: a job of another pytest worker starting its own Ray would reap them too.
-        assert len(_alive(agents, wait_s=0)) == 2, "nothing outlived the driver: this test would prove nothing"
+        assert len(jobs.alive(agents, wait_s=0)) == 2, "nothing outlived the driver: this test would prove nothing"
         reaped = jobs.run([sys.executable, "-m", "repro.cluster.ray_reaper"], job_env(outputs), timeout=60,
                           check=False)
         assert reaped.returncode == 0, reaped.stderr[-3000:]
-        left = _alive(procs, wait_s=15)
+        left = jobs.alive(procs, wait_s=15)
         assert not left, f"processes left after kill -9 and the cleanup: {left}\n{reaped.stdout}"
         assert bystander.poll() is None, "the cleanup ended a process that was not the dead driver's"
         print(f"kill -9: {len(procs)} job processes; the cleanup ended them: {reaped.stdout.strip()[-300:]}")
@@ -283,7 +252,7 @@ def test_a_dead_rank_is_named(tmp_path, ray_head):
         deadline, victim = time.time() + 180, None
         while victim is None and time.time() < deadline and proc.poll() is None:
             if (out / "metrics.tsv").is_file() and (out / "metrics.tsv").read_text().count("\n") >= 2:
-                victim = next((p for p in _job_processes(proc.pid, outputs)
+                victim = next((p for p in jobs.job_processes(proc.pid, outputs)
                                if p.environ().get("RANK") == "1" and "_RankHost" in " ".join(p.cmdline())), None)
             time.sleep(0.2)
         assert victim is not None, "rank 1's process was not found"

@@ -42,17 +42,21 @@ def _on_rank0(fn: Any) -> Any:
     return value
 
 
-def save_engine(role: RoleEngine, local_path: str, step: int, digest_source: Any) -> str:
-    """Save ``role`` as ``engine_step_<step>`` of the store at ``local_path`` (every rank calls); its folder."""
+def save_engine(role: RoleEngine, local_path: str, step: int, digest_source: Any, updates: int = 0) -> str:
+    """Save ``role`` as ``engine_step_<step>`` of the store at ``local_path`` (every rank calls); its
+    folder. ``updates``: the engine's count of actor updates, restored by :func:`load_engine`."""
     store = _store(local_path)
     stage = _on_rank0(lambda: str(store.begin(step)))
-    state = {"lr_scheduler": role.lr_scheduler.state_dict()} if role.lr_scheduler is not None else {}
+    state: dict[str, Any] = {"updates": updates}
+    if role.lr_scheduler is not None:
+        state["lr_scheduler"] = role.lr_scheduler.state_dict()
     checkpoint.save(role, stage, step, extra={"global_step": step}, state=state, digest_source=digest_source)
     return _on_rank0(lambda: str(store.commit(step, zero_stage=role.ds.zero_stage)))
 
 
-def load_engine(role: RoleEngine, local_path: str, digest_source: Any) -> int:
-    """Load the newest intact checkpoint of the store at ``local_path`` into ``role``; its step."""
+def load_engine(role: RoleEngine, local_path: str, digest_source: Any) -> tuple[int, int]:
+    """Load the newest intact checkpoint of the store at ``local_path`` into ``role``; its step and
+    the engine's count of actor updates saved with it."""
 
     def newest_intact() -> str:
         store = _store(local_path)
@@ -70,4 +74,4 @@ def load_engine(role: RoleEngine, local_path: str, digest_source: Any) -> int:
     loaded = checkpoint.load(role, folder, digest_source=digest_source)
     if role.lr_scheduler is not None and "lr_scheduler" in loaded.state:
         role.lr_scheduler.load_state_dict(loaded.state["lr_scheduler"])
-    return loaded.step
+    return loaded.step, int(loaded.state.get("updates", 0))

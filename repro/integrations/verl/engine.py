@@ -41,15 +41,28 @@ DEVICES = ["cuda", "cpu"]
 
 
 class _ModeCtx(BaseEngineCtx):
-    """verl's train/eval context: load/offload around the mode (BaseEngineCtx), module mode, zero grad."""
+    """verl's train/eval context: load/offload around the mode (BaseEngineCtx), module mode, zero grad.
+
+    The outermost train context of an actor engine is one actor update: verl's ``update_actor``
+    (``TrainingWorker.train_mini_batch``) holds one around all of the step's mini-batches, each
+    ``train_batch`` nests its own. Entering it counts the update and arms ``REPRO_FAULT_RANK``'s
+    fault (``RoleEngine.arm_fault``), as repro's ``ActorWorker.update_policy`` does."""
 
     def __enter__(self) -> None:
         super().__enter__()
-        self.engine.role.module.train(self.mode == "train")
+        engine = self.engine
+        engine.role.module.train(self.mode == "train")
+        if self.mode == "train":
+            if engine._train_depth == 0 and not engine.value_head:
+                engine.updates += 1
+                engine.role.arm_fault(engine.updates)
+            engine._train_depth += 1
 
     def __exit__(self, exc_type, exc_val, exc_tb) -> None:
-        if self.mode == "train" and (self.zero_grad_on_exit or exc_type is not None):
-            self.engine.optimizer_zero_grad()
+        if self.mode == "train":
+            self.engine._train_depth -= 1
+            if self.zero_grad_on_exit or exc_type is not None:
+                self.engine.optimizer_zero_grad()
         super().__exit__(exc_type, exc_val, exc_tb)
 
 
@@ -79,6 +92,9 @@ class DeepSpeedEngine(BaseEngine):
         self.offload = engine_config.offload_plan(self.ds)
         self.role: RoleEngine | None = None
         self.mode: str | None = None
+        self.updates = 0
+        """Actor updates so far (outermost train contexts; saved in checkpoints): REPRO_FAULT_RANK's count."""
+        self._train_depth = 0
         self._dp_group: Any = None
 
     # ---- building ----------------------------------------------------------------------------
@@ -161,6 +177,18 @@ class DeepSpeedEngine(BaseEngine):
 
     def forward_backward_batch(self, data: TensorDict, loss_function: Callable | None,
                                forward_only: bool = False) -> Any:
+        """verl's micro-batch loop on this engine. An error raised in it carries a note naming this
+        rank: verl's driver shows a rank's error through Ray, which names the worker's pid only."""
+        try:
+            return self._forward_backward_batch(data, loss_function, forward_only)
+        except Exception as err:
+            if hasattr(err, "add_note"):  # Python >= 3.11; the traceback verl prints shows it
+                what = "forward" if forward_only else "update"
+                err.add_note(f"(raised on rank {dist.get_rank()} of {dist.get_world_size()} in the {what} of "
+                             f"repro's DeepSpeed engine)")
+            raise
+
+    def _forward_backward_batch(self, data: TensorDict, loss_function: Callable | None, forward_only: bool) -> Any:
         group = self.get_data_parallel_group()
         tu.assign_non_tensor(data, sp_size=self.sp)
         keep_output = tu.get_non_tensor_data(data=data, key="return_model_output", default=False)
@@ -217,11 +245,11 @@ class DeepSpeedEngine(BaseEngine):
                         max_ckpt_to_keep: int | None = None, **kwargs: Any) -> None:
         if hdfs_path:
             raise ValueError("DeepSpeed engine save_checkpoint(hdfs_path=...) is not supported; choose hdfs_path=None")
-        save_engine(self.role, local_path, global_step, self.engine_config)
+        save_engine(self.role, local_path, global_step, self.engine_config, updates=self.updates)
 
     def load_checkpoint(self, local_path: str, hdfs_path: str | None = None, del_local_after_load: bool = True,
                         **kwargs: Any) -> None:
-        load_engine(self.role, local_path, self.engine_config)
+        _, self.updates = load_engine(self.role, local_path, self.engine_config)
 
     def disable_adapter(self) -> contextlib.AbstractContextManager:
         return lora.adapters_disabled(self.role.module)

@@ -18,6 +18,51 @@ from verl.plugin.platform import platform_manager
 from verl.plugin.platform.platform_base import PlatformBase
 
 
+class _CPUDevice:
+    """``torch.cpu`` with the rest of the ``torch.cuda`` surface verl's workers call on the device
+    module (``get_torch_device()``: ``aggressive_empty_cache`` and the memory logs read the caching
+    allocator's counters, the rollout sync empties the cache): the CPU has no caching allocator, so
+    its counters are 0 and its cache calls do nothing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def _zero(*args: Any, **kwargs: Any) -> int:
+        return 0
+
+    @staticmethod
+    def _nothing(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    memory_reserved = memory_allocated = max_memory_reserved = max_memory_allocated = _zero
+    empty_cache = reset_peak_memory_stats = reset_accumulated_memory_stats = ipc_collect = _nothing
+    set_per_process_memory_fraction = _nothing
+
+    @staticmethod
+    def mem_get_info(*args: Any, **kwargs: Any) -> tuple[int, int]:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        return vm.available, vm.total
+
+    @staticmethod
+    def get_rng_state(*args: Any, **kwargs: Any) -> torch.Tensor:
+        return torch.get_rng_state()
+
+    @staticmethod
+    def set_rng_state(state: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        torch.set_rng_state(state)
+
+    @staticmethod
+    def manual_seed(seed: int) -> None:
+        torch.manual_seed(seed)
+
+    @staticmethod
+    def get_device_name(*args: Any, **kwargs: Any) -> str:
+        return "cpu"
+
+
 class PlatformCPU(PlatformBase):
     """CPU tensors, gloo collectives, no device state."""
 
@@ -31,7 +76,7 @@ class PlatformCPU(PlatformBase):
 
     @property
     def device_module(self) -> ModuleType:
-        return torch.cpu
+        return _CPU_DEVICE  # type: ignore[return-value]
 
     def is_available(self) -> bool:
         return True
@@ -82,7 +127,14 @@ class PlatformCPU(PlatformBase):
         return None
 
     def ray_resource_name(self) -> str:
-        return "CPU"
+        """Ray's logical ``GPU`` slots, one per rank: verl 0.9.1 places every rank on one accelerator
+        slot and counts GPUs (or NPUs) only (``verl/single_controller/ray/base.py``: ``RayResourcePool``
+        always asks for the platform's resource, ``ResourcePoolManager._check_resource_available`` sums
+        ``GPU``), and for any other name it asks Ray for ``resources={name: n}``
+        (``verl/plugin/platform/platform_base.py``), which Ray refuses for ``CPU``. A CPU run therefore
+        starts Ray with as many logical GPUs as ranks (``+ray_kwargs.ray_init.num_gpus=<ranks>``); they
+        are bookkeeping only (torch sees no CUDA device, DeepSpeed runs on its CPU accelerator)."""
+        return "GPU"
 
     def ray_noset_envvars(self) -> list[str]:
         return []
@@ -92,6 +144,9 @@ class PlatformCPU(PlatformBase):
 
     def cudart(self) -> Any:
         return None
+
+
+_CPU_DEVICE = _CPUDevice()
 
 
 def use_cpu_platform_if_cpu() -> None:
@@ -106,3 +161,16 @@ def use_cpu_platform_if_cpu() -> None:
         current = platform_manager._current_platform
         if current is None or current.device_name != "cpu":
             platform_manager._current_platform = PlatformCPU()
+        _gloo_process_group()
+
+
+def _gloo_process_group() -> None:
+    """verl's workers start their process group with ``backend=f"cpu:gloo,{device}:{backend}"``
+    (``verl/utils/distributed.py``, ``initialize_global_process_group_ray``), which on the CPU
+    platform is ``cpu:gloo,cpu:gloo``, refused by torch ("Duplicate device type cpu"); the function
+    takes a ``backend`` argument that verl's callers leave unset, so its default becomes plain gloo."""
+    from verl.utils import distributed
+
+    init = distributed.initialize_global_process_group_ray
+    if init.__defaults__ == (None, None):
+        init.__defaults__ = (None, "gloo")
