@@ -106,7 +106,7 @@ STEP_TIME_SD = 3.0
 """The median step time (steps 2..GPU_STEPS) may exceed the golden runs' mean by this many of their sd."""
 
 
-def gpu_identity(run_dir: Path, n_gpus: int | None = None) -> dict[str, object]:
+def gpu_identity(run_dir: Path) -> dict[str, object]:
     """What a GPU golden is valid for: the GPU model and count, the policy's cache key, the versions."""
     import deepspeed
     import torch
@@ -115,7 +115,7 @@ def gpu_identity(run_dir: Path, n_gpus: int | None = None) -> dict[str, object]:
     import yaml
 
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return {"gpu": torch.cuda.get_device_name(0), "n_gpus": n_gpus or cfg["trainer"]["n_gpus_per_node"],
+    return {"gpu": torch.cuda.get_device_name(0), "n_gpus": cfg["trainer"]["n_gpus_per_node"],
             "policy_key": Path(cfg["actor_rollout_ref"]["model"]["path"]).name, "torch": torch.__version__,
             "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "vllm": vllm.__version__}
 
@@ -150,7 +150,7 @@ def gpu_golden(run_dirs: list[Path], identity: dict, more_step_s: list[float]) -
             "median_step_s": times, "median_step_s_bound": mean + STEP_TIME_SD * sd, "steps": runs[0][0]}
 
 
-def check_gpu(run_dir: Path, golden: dict, identity: dict) -> list[str]:
+def check_gpu(run_dir: Path, golden: dict) -> list[str]:
     """Lines that differ from the GPU golden (empty: the run matches)."""
     steps, median = gpu_steps(run_dir)
     lines = diff(golden["steps"], steps)
@@ -161,12 +161,10 @@ def check_gpu(run_dir: Path, golden: dict, identity: dict) -> list[str]:
 
 
 def main_gpu(args: argparse.Namespace) -> int:
-    import json as _json
-
     dirs = args.run_dir_list
     if not dirs:
         raise SystemExit("--case grpo_0p6b compares run folders: give --run-dir (the gate writes one)")
-    identity = _json.loads(args.identity) if args.identity else gpu_identity(dirs[0])
+    identity = json.loads(args.identity) if args.identity else gpu_identity(dirs[0])
     if args.update:
         GPU_GOLDEN.write_text(json.dumps(gpu_golden(dirs, identity, args.step_time), indent=1) + "\n")
         print(f"wrote {GPU_GOLDEN.relative_to(ROOT)} ({GPU_STEPS} steps of {len(dirs)} runs)")
@@ -175,7 +173,7 @@ def main_gpu(args: argparse.Namespace) -> int:
     if golden["identity"] != identity:
         print(f"SKIP: the golden is for {golden['identity']}, this run has {identity}")
         return 0
-    lines = check_gpu(dirs[0], golden, identity)
+    lines = check_gpu(dirs[0], golden)
     print("\n".join(lines) if lines else f"OK: {GPU_STEPS} steps equal to {GPU_GOLDEN.relative_to(ROOT)}, "
           f"median step time within {golden['median_step_s_bound']:.3f} s")
     return 1 if lines else 0

@@ -199,10 +199,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         cases, seeds, comparisons = _plan(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
         collected = _collect(args.collect, cases, seeds) if args.collect else None
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -216,26 +212,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     while out.exists():
         out, k = out.with_name(f"{args.run_tag}_{time.strftime('%Y%m%d_%H%M%S')}_{k}"), k + 1
     out.mkdir(parents=True)
+    label = (lambda case, seed: case) if len(seeds) == 1 else (lambda case, seed: f"{case} s{seed}")
     rows, runs, total = [], [], len(cases) * len(seeds)
     if collected:
         print(f"{args.command}: {total} run(s) collected from {', '.join(map(str, args.collect))}; "
               f"outputs: {out}", flush=True)
-        for row, metrics in collected:
-            rows.append(row)
-            runs.append((row["case"] if len(seeds) == 1 else f"{row['case']} s{row['seed']}", metrics))
+        rows = [row for row, _ in collected]
+        runs = [(label(row["case"], row["seed"]), metrics) for row, metrics in collected]
         write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows)
     else:
         print(f"{args.command}: {len(cases)} case(s) x {len(seeds)} seed(s), {args.steps} steps each; "
               f"base: {' '.join(base)}; outputs: {out}", flush=True)
-    for seed in seeds if not collected else ():
-        for case in cases:
-            case_dir = out / case.name if len(seeds) == 1 else out / f"seed{seed}" / case.name
-            row = run_case(case, seed, base, steps=args.steps, case_dir=case_dir, retries=args.retries,
-                           timeout_s=args.timeout)
-            rows.append(row)
-            runs.append((case.name if len(seeds) == 1 else f"{case.name} s{seed}", case_dir / "metrics.tsv"))
-            write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows)
-            print(_progress(len(rows), total, row), flush=True)
+        for seed in seeds:
+            for case in cases:
+                case_dir = out / case.name if len(seeds) == 1 else out / f"seed{seed}" / case.name
+                row = run_case(case, seed, base, steps=args.steps, case_dir=case_dir, retries=args.retries,
+                               timeout_s=args.timeout)
+                rows.append(row)
+                runs.append((label(case.name, seed), case_dir / "metrics.tsv"))
+                write_tsv(out / "summary.tsv", SUMMARY_COLUMNS, rows)
+                print(_progress(len(rows), total, row), flush=True)
     if comparisons:
         compare = [r for name, a, b in comparisons for r in paired_deltas(rows, a, b, name)]
         write_tsv(out / "compare.tsv", COMPARE_COLUMNS, compare)

@@ -161,13 +161,17 @@ class MetricsLog:
         _atomic_write(self.path, text)
 
 
+# Read once, at import: os.umask can only be read by setting it, and setting it while other threads
+# create files (Ray's, the rank processes') would briefly change their files' modes too.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
 def _atomic_write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     # mkstemp makes the file 0600; give it the mode a plain open() would, as the run's other files have.
-    umask = os.umask(0)
-    os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)
+    os.fchmod(fd, 0o666 & ~_UMASK)
     with os.fdopen(fd, "w") as f:
         f.write(text)
         f.flush()
