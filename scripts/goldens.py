@@ -16,8 +16,9 @@ skip that says so, not a pass or a failure. Timings and memory are not in the go
 
 ``--case grpo_0p6b``: the GPU gate's seed-scale case (``tests/gpu_e2e/test_grpo_gate.py``: ``-cn grpo_0p6b``,
 seed 1, 30 steps, 2 GPUs, vLLM), from run folders only (``--run-dir``; ``--update`` takes three or more).
-Every metric but timings, MFU, throughput and host memory is exact: three runs on two H100 hosts gave every
-one of them, GPU memory peaks included, equal to the last bit (``fixtures/goldens/README.md``). The median
+Every metric but timings, MFU, throughput, host memory and NVML's device-wide memory is exact: the allocator's
+GPU memory peaks, scores, losses and norms were equal to the last bit on three H100 hosts
+(``fixtures/goldens/README.md``). The median
 step time after warm-up is bounded by the runs' mean + 3 sd. Keyed on the GPU model, the number of GPUs, the
 policy's cache key and the torch / transformers / DeepSpeed / vLLM versions.
 """
@@ -100,8 +101,11 @@ def diff(golden: list[dict], fresh: list[dict]) -> list[str]:
 
 GPU_GOLDEN = ROOT / "fixtures" / "goldens" / "grpo_0p6b_gpu.json"
 GPU_STEPS = 30
-# Not exact across runs: wall-clock figures and what else runs on the host.
-GPU_INEXACT = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "perf/cpu_")
+# Not exact across runs: wall-clock figures, what else runs on the host, and NVML's used memory: NVML counts the
+# whole device (CUDA context, driver and library reservations outside the process's allocator), which moved by
+# 64 KiB on a third H100 host while the allocator's peaks stayed bitwise (the gate holds NVML to its budget).
+GPU_INEXACT = ("timing_s/", "timing_per_token_ms/", "perf/mfu/", "perf/throughput", "perf/time_per_step", "perf/cpu_",
+               "perf/nvml_")
 STEP_TIME_SD = 3.0
 """The median step time (steps 2..GPU_STEPS) may exceed the golden runs' mean by this many of their sd."""
 
