@@ -19,7 +19,8 @@ builds those itself):
 - the output folder (``trainer.output_dir``, else ``$REPRO_OUTPUTS_DIR`` / ``outputs``) and
   ``trainer.default_local_dir``: not a file, and writable (a file is created and removed there).
 - ``trainer.device=cuda``: this host has ``n_gpus_per_node`` GPUs (one node's worth of ranks
-  runs here; the others are on the cluster's other nodes).
+  runs here; the others are on the cluster's other nodes), and ``TORCH_CUDA_ARCH_LIST``, when set, is one
+  that DeepSpeed's just-in-time op builder can read (:func:`check_cuda_arch_list`).
 - ``trainer.nnodes``: see :func:`check_nodes` (reusable by the cluster code).
 - rewards (:mod:`repro.run.preflight_rewards`): the reward plug-in loads and scores a sample; without
   one, every ``data_source`` in the data files has a rule reward.
@@ -184,6 +185,26 @@ def check_device(cfg: RunConfig, gpus: int | None = None) -> None:
         )
 
 
+def check_cuda_arch_list(value: str | None) -> None:
+    """``TORCH_CUDA_ARCH_LIST`` in the form DeepSpeed's JIT builder parses: ``X.Y`` or ``X.Y+PTX`` entries only.
+
+    DeepSpeed builds FusedAdam and CPU Adam just in time and sorts this list with ``int()`` on each part, so
+    an arch-specific entry such as ``9.0a`` (valid for PyTorch, set by some images) fails inside every rank's
+    optimizer set-up with ``invalid literal for int() ... '0a'`` (deepspeedai/DeepSpeed#7589), after Ray,
+    the model load and vLLM's start: seen on the GPU machine's image (results/seed_scale/README.md).
+    """
+    if not value or not value.strip():
+        return
+    for entry in value.replace(" ", ";").split(";"):
+        parts = entry.strip().split(".") if entry.strip() else []
+        if parts and not (len(parts) == 2 and all(part.split("+")[0].isdigit() for part in parts)):
+            raise InputError(
+                f"TORCH_CUDA_ARCH_LIST={value!r}: DeepSpeed's just-in-time op build cannot read {entry.strip()!r} "
+                "(deepspeedai/DeepSpeed#7589); give X.Y entries without a suffix (e.g. TORCH_CUDA_ARCH_LIST=9.0 "
+                "on H100) or unset it"
+            )
+
+
 def check_nodes(nnodes: int, address: str | None) -> None:
     """``trainer.nnodes>1`` needs a cluster to join (``repro.cluster.placement``'s rule, as an input error).
 
@@ -254,6 +275,8 @@ def preflight(cfg: RunConfig, *, dry: bool = False) -> list[str]:
     if not dry:
         checks += [(check_writable_dir, key, path) for key, path in output_dirs(cfg)]
         checks.append((check_device, cfg))
+        if cfg.trainer.device == "cuda":
+            checks.append((check_cuda_arch_list, os.environ.get("TORCH_CUDA_ARCH_LIST")))
         checks.append((check_nodes, cfg.trainer.nnodes, placement.cluster_address(cfg.trainer.ray_address)))
     notes = []
     for fn, *args in checks:

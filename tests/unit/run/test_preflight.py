@@ -23,7 +23,14 @@ from safetensors.torch import save_file
 from repro.config import RunConfig
 from repro.data.parquet_io import write_rows
 from repro.main_ppo import main
-from repro.run.preflight import InputError, check_data_files, check_device, check_nodes, preflight
+from repro.run.preflight import (
+    InputError,
+    check_cuda_arch_list,
+    check_data_files,
+    check_device,
+    check_nodes,
+    preflight,
+)
 from tests.subprocess_env import pythonpath
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -200,6 +207,40 @@ def test_cuda_needs_the_gpus_of_one_node_and_names_the_cpu_option():
     check_device(cfg, gpus=2)
     with pytest.raises(InputError, match="trainer.device=cpu"):
         check_device(cfg, gpus=1)
+
+
+@pytest.mark.parametrize("value", ["9.0", "9.0a", "8.0;9.0+PTX", "8.0 9.0a", "10.0f", "9.0+PTX 8.6", " 8.0 ; 9.0 ",
+                                   "12.0a+PTX", "9", "sm_90", "9.0;;8.0", "9.x"])
+def test_cuda_arch_list_is_refused_exactly_when_deepspeeds_jit_builder_cannot_read_it(value, monkeypatch):
+    """The oracle is DeepSpeed's own parser (its CUDA builder's arch list, which needs no GPU to read the
+    variable): an image's ``9.0a`` failed inside every rank's FusedAdam set-up on the GPU machine."""
+    from deepspeed.ops.op_builder.builder import CUDAOpBuilder
+
+    class Probe(CUDAOpBuilder):
+        BUILD_VAR, NAME = "REPRO_PROBE", "repro_probe"
+
+        def __init__(self):
+            super().__init__(name=self.NAME)
+
+        def absolute_name(self):
+            return self.NAME
+
+        def sources(self):
+            return []
+
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", value)
+    probe = Probe()
+    probe.jit_mode = True
+    try:
+        probe.compute_capability_args()
+        deepspeed_reads_it = True
+    except ValueError:
+        deepspeed_reads_it = False
+    if deepspeed_reads_it:
+        check_cuda_arch_list(value)
+    else:
+        with pytest.raises(InputError, match="TORCH_CUDA_ARCH_LIST=.*without a suffix"):
+            check_cuda_arch_list(value)
 
 
 def test_dry_run_reports_a_damaged_file_as_a_note_and_loads_nothing(tmp_path):
