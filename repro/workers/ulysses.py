@@ -140,7 +140,9 @@ def shard_sequence(input_ids: torch.Tensor, position_ids: torch.Tensor,
     labels = torch.nn.functional.pad(ids[:, 1:], (0, 1))
     width = ids.shape[1] // sp
     start = dist.get_rank(group()) * width
-    return ids[:, start:start + width], pos[:, start:start + width], labels[:, start:start + width]
+    # Contiguous: DeepSpeed's Ulysses attention all-gathers the positions, and NCCL refuses a strided
+    # tensor ("Tensors must be contiguous") where gloo takes it; a slice of [b, S] with b > 1 is strided.
+    return tuple(t[:, start:start + width].contiguous() for t in (ids, pos, labels))
 
 
 class _GatherSequence(torch.autograd.Function):
