@@ -2,14 +2,14 @@
 
 verl 0.9.1's ``python -m verl.trainer.main_ppo model_engine=deepspeed`` on 2 CPU ranks
 (``trainer_job.py``: GRPO, ZeRO-2, a checkpoint every step, the canned rollout), with
-``REPRO_FAULT_RANK=1:forward:2``: rank 1's forward fails in its second actor update (after step 1's
+``REPRO_FAULT_RANK=1:<kind>:2``: rank 1 fails in its second actor update (after step 1's
 checkpoint) while rank 0 goes on into the update's gradient all-reduce and waits there. The same
 fault as repro's own trainer's test (``tests/distributed/test_run_safety.py``), fired by the same
 engine code (``repro.workers.engine.RoleEngine``).
 
-One fault kind only: each verl job costs 40-55 s here (Ray and six processes importing verl on 2
-cores), above the ~30 s a parametrized kind may add; ``data`` and ``oom`` go through the same arming
-and differ only in the exception, which repro's trainer's test covers.
+The three kinds of ``repro.workers.faults``: ``forward`` (an exception in the forward), ``data`` (a token
+id past the vocabulary: the embedding itself raises) and ``oom`` (``torch.OutOfMemoryError``). Each is a
+verl job of 40-55 s here (Ray and six processes importing verl on 2 cores), in ``nox -s verl``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,12 @@ from tests.verl_parity.engine import trainer_job
 # (results/run_safety.md). The bound is over 3x the slowest; a rank left waiting in its collective
 # would wait for the process group's timeout instead (verl passes none: torch's default, 30 min).
 _STOP_BOUND_S = 180
-_FAULT = "RuntimeError: injected fault (REPRO_FAULT_RANK): rank 1's forward failed"
+# kind -> (the exception's class, the text of rank 1's error)
+_FAULTS = {
+    "forward": ("RuntimeError", "RuntimeError: injected fault (REPRO_FAULT_RANK): rank 1's forward failed"),
+    "data": ("IndexError", "IndexError: index out of range"),
+    "oom": ("OutOfMemoryError", "OutOfMemoryError: injected fault (REPRO_FAULT_RANK): out of memory in rank 1's forward"),
+}
 # An exception's headline: "SomeError: ...", "ray.exceptions.RayTaskError(SomeError): ...".
 _HEADLINE = re.compile(r"\b\w*(?:Error|Exception)(?:\(\w+\))?:")
 
@@ -61,13 +66,15 @@ def _watch(proc, outputs, lines: list[str], deadline: float) -> tuple[dict, dict
 
 
 @pytest.mark.slow  # a real 2-step verl job on its own Ray cluster: ~50 s on 2 cores
+@pytest.mark.parametrize("kind", list(_FAULTS))
 def test_one_rank_failing_in_verls_trainer_stops_every_rank_with_its_error_first_and_keeps_the_last_checkpoint(
-        tmp_path):
+        kind, tmp_path):
+    cls, fault = _FAULTS[kind]
     for attempt in (1, 2):
         out, outputs = tmp_path / f"run{attempt}", tmp_path / f"outputs{attempt}"
         cmd = trainer_job.command(out, steps=2, save_freq=1)  # the policy and the data prepared before the clock
         env = trainer_job.env(outputs)
-        env["REPRO_FAULT_RANK"] = "1:forward:2"  # rank 1, in its second update: after step 1's checkpoint
+        env["REPRO_FAULT_RANK"] = f"1:{kind}:2"  # rank 1, in its second update: after step 1's checkpoint
         output: list[str] = []
         started = time.monotonic()
         proc = jobs.start(cmd, env)
@@ -84,7 +91,7 @@ def test_one_rank_failing_in_verls_trainer_stops_every_rank_with_its_error_first
     tail = "\n".join(output[-120:])
     assert proc.returncode not in (0, None), f"verl's trainer exited {proc.returncode}, not with rank 1's error:\n{tail}"
     assert took < _STOP_BOUND_S, f"the job took {took:.0f} s to stop after rank 1 failed"
-    print(f"forward: verl's trainer exited {proc.returncode} in {took:.1f} s, ranks {ranks}, {len(procs)} processes")
+    print(f"{kind}: verl's trainer exited {proc.returncode} in {took:.1f} s, ranks {ranks}, {len(procs)} processes")
 
     # Every process of the job is gone: the driver's own and Ray's (its workers, rank 0 included,
     # which was left in the update's all-reduce).
@@ -93,12 +100,12 @@ def test_one_rank_failing_in_verls_trainer_stops_every_rank_with_its_error_first
     assert not left, f"processes left after the job ended: {left}"
 
     # The failing rank's error first (as repro's trainer's test: the one error reported is rank 1's,
-    # not its peer's): the first exception headline in the output is rank 1's injected fault or a Ray
-    # wrapper of it (RayTaskError(RuntimeError)) raised from rank 1's process; no other error before it.
-    first = next((i for i, ln in enumerate(output) if _FAULT in ln), None)
+    # not its peer's): the first exception headline in the output is rank 1's error or a Ray wrapper
+    # of it (RayTaskError(<its class>)) raised from rank 1's process; no other error before it.
+    first = next((i for i, ln in enumerate(output) if fault in ln), None)
     assert first is not None, f"rank 1's error is not in the output:\n{tail}"
     before = [ln for ln in output[:first] if _HEADLINE.search(ln)]
-    others = [ln for ln in before if "RayTaskError(RuntimeError)" not in ln]
+    others = [ln for ln in before if f"RayTaskError({cls})" not in ln]
     assert not others, f"another error was reported before rank 1's: {others[:3]}"
     wrappers = [ln for ln in before if "update_actor" in ln]
     assert wrappers and f"pid={ranks['1']}," in wrappers[-1], f"rank 1's error not raised from its process: {wrappers}"
