@@ -1,4 +1,5 @@
-"""Layouts give the same step on 2 GPUs: the layout table of the CPU test, over NCCL (issue 36, item 3).
+"""Layouts give the same step on GPUs: the layout table of the CPU test, over NCCL (issue 36, item 3), on 2
+GPUs, and the seed's dp=2 x sp=2 rows on 4 (issue 38; skipped with fewer).
 
 The rows, the rank functions and the bounds are ``tests/distributed/workers/layout_table.py``'s: ZeRO-1/2/3
 at dp=2, Ulysses sp=2, token budgets and remove-padding, each against the same step on one GPU, on step
@@ -21,7 +22,7 @@ import pytest
 
 from conftest import require_cuda_gpus
 from tests.distributed.workers.helpers import make_model_dir
-from tests.distributed.workers.layout_table import LAYOUTS, ONE_RANK, check, step_one
+from tests.distributed.workers.layout_table import LAYOUTS, LAYOUTS_DP2_SP2, ONE_RANK, check, step_one
 from tests.multirank import run_ranks
 
 pytestmark = pytest.mark.gpu
@@ -44,15 +45,25 @@ def _step_one_where(rank: int, world: int, model_dir: str, layouts: list[dict]) 
     return _where(rank, world), step_one(rank, world, model_dir, layouts)
 
 
-def test_step_one_is_the_same_in_every_layout_on_two_gpus(tmp_path):
+def _table_on(world: int, layouts: dict, tmp_path) -> list[str]:
     if not ON_GLOO:
-        require_cuda_gpus(2)
+        require_cuda_gpus(world)
     model_dir = make_model_dir(tmp_path / "model")
     kw = {"tmp_path": tmp_path, "env": RANK_ENV, "backend": BACKEND}
-    two = run_ranks(_step_one_where, 2, timeout_s=300, args=(model_dir, list(LAYOUTS.values())), **kw)
+    many = run_ranks(_step_one_where, world, timeout_s=300, args=(model_dir, list(layouts.values())), **kw)
     one = run_ranks(_step_one_where, 1, timeout_s=120, args=(model_dir, [ONE_RANK]), **kw)
-    for where, _ in two + one:
+    for where, _ in many + one:
         assert where["backend"] == BACKEND and not where["tf32"], where
         assert ON_GLOO or where["cuda"], where
-    lines = check([r for _, r in two], [r for _, r in one], model_dir)
+    return check([r for _, r in many], [r for _, r in one], model_dir, layouts)
+
+
+def test_step_one_is_the_same_in_every_layout_on_two_gpus(tmp_path):
+    lines = _table_on(2, LAYOUTS, tmp_path)
     print(f"\nstep 1 on 2 ranks ({BACKEND}) against one rank (|diff| / bound):\n" + "\n".join(lines))
+
+
+def test_step_one_at_dp2_x_sp2_on_four_gpus_is_the_same_as_on_one(tmp_path):
+    """The seed's 4-GPU layout (issue 38): dp=2 x sp=2, SP groups {0, 1} and {2, 3}."""
+    lines = _table_on(4, LAYOUTS_DP2_SP2, tmp_path)
+    print(f"\nstep 1 on 4 ranks ({BACKEND}) against one rank (|diff| / bound):\n" + "\n".join(lines))

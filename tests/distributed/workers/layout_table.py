@@ -42,6 +42,11 @@ LAYOUTS = {
     "zero3 sp2 remove-padding": {"stage": 3, "sp": 2, "rmpad": True},
     "zero1 sp2 token budget": {"stage": 1, "sp": 2, "budget": 10},
 }
+# The seed's 4-GPU layout (issue 38), dp=2 x sp=2 on 4 ranks: SP groups {0, 1} and {2, 3}.
+LAYOUTS_DP2_SP2 = {
+    "zero2 dp2 x sp2": {"stage": 2, "sp": 2},
+    "zero3 dp2 x sp2 remove-padding token budget": {"stage": 3, "sp": 2, "rmpad": True, "budget": 14},
+}
 ONE_RANK = {"stage": 1}
 LOSS_KEYS = ("actor/pg_loss", "actor/kl_loss")
 
@@ -108,19 +113,20 @@ def bounds(want: dict[str, float], n_params: int) -> dict[str, float]:
     return out
 
 
-def check(two: list[list[dict]], one: list[list[dict]], model_dir: str) -> list[str]:
-    """Assert every layout of ``two`` (per rank, per layout) against ``one`` (one rank, :data:`ONE_RANK`);
-    return the report lines (|diff| / bound per compared value)."""
+def check(two: list[list[dict]], one: list[list[dict]], model_dir: str, layouts: dict | None = None) -> list[str]:
+    """Assert every layout of ``layouts`` (default :data:`LAYOUTS`), run as ``two`` (per rank, per layout),
+    against ``one`` (one rank, :data:`ONE_RANK`); return the report lines (|diff| / bound per value)."""
     from transformers import AutoModelForCausalLM
 
-    names = list(LAYOUTS)
+    layouts = LAYOUTS if layouts is None else layouts
+    names = list(layouts)
     want = step([one[0][0]])
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
     tol = bounds(want, n_params)
     assert want["grad_norm"] > 0 and all(math.isfinite(v) for v in want.values()), want
     lines = []
     for i, name in enumerate(names):
-        layout = LAYOUTS[name]
+        layout = layouts[name]
         # The row ran the layout it names (read back from the engine, not the config).
         for rank in two:
             engaged = rank[i]["engaged"]

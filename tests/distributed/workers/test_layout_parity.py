@@ -19,7 +19,8 @@ with their features (every gradient element, later steps, the weights: ``test_ze
 from __future__ import annotations
 
 from tests.distributed.workers.helpers import make_model_dir
-from tests.distributed.workers.layout_table import LAYOUTS, ONE_RANK, check, step_one
+from tests.distributed.workers.layout_table import LAYOUTS, LAYOUTS_DP2_SP2, ONE_RANK, check, step_one
+from tests.multirank import run_ranks
 
 
 def test_step_one_is_the_same_in_every_layout(pooled, tmp_path):
@@ -28,3 +29,13 @@ def test_step_one_is_the_same_in_every_layout(pooled, tmp_path):
     one = pooled(step_one, 1, timeout_s=120, args=(model_dir, [ONE_RANK]))
     lines = check(two, one, model_dir)
     print("\nstep 1 against one rank (|diff| / bound):\n" + "\n".join(lines))
+
+
+def test_step_one_at_dp2_x_sp2_on_four_ranks_is_the_same_as_on_one(pooled, tmp_path):
+    """The seed's 4-GPU layout (dp=2 x sp=2) on 4 gloo ranks, fresh ones (the warm pool holds 2): the
+    SP groups' gathers and the dp all-reduce across them, against the same one-rank step."""
+    model_dir = make_model_dir(tmp_path / "model")
+    four = run_ranks(step_one, 4, tmp_path=tmp_path, timeout_s=300, args=(model_dir, list(LAYOUTS_DP2_SP2.values())))
+    one = pooled(step_one, 1, timeout_s=120, args=(model_dir, [ONE_RANK]))
+    lines = check(four, one, model_dir, LAYOUTS_DP2_SP2)
+    print("\nstep 1 on 4 ranks against one rank (|diff| / bound):\n" + "\n".join(lines))
