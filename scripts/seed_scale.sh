@@ -10,6 +10,8 @@
 #                                            # (validation off unless VAL=1: the bench compares memory, speed and score)
 #   bash scripts/seed_scale.sh four ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the seed's dp x sp layout example
 #                                            # (mini-batch 128, micro 16, token budgets off; SP=1 is dp=4, SP=2 is dp=2 x sp=2)
+#   bash scripts/seed_scale.sh sp ZERO SP STEPS [KEY=VALUE ...]  # 2 GPUs: the preset with Ulysses sp=SP (dp = 2 / SP),
+#                                            # data and trainer seed 1, validation off (as the six-case runs)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -76,6 +78,14 @@ case "${1:-}" in
       trainer.output_dir="$dir" "${@:5}" >> "$OUT/four_zero${zero}_sp$sp.log" 2>&1
     echo "four zero$zero sp$sp rc=$?"; tail -3 "$OUT/four_zero${zero}_sp$sp.log"; keep "$dir" "four_zero${zero}_sp$sp"
     ;;
+  sp)
+    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; dir=$REPRO_OUTPUTS_DIR/sp${sp}_zero${zero}_s1
+    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed=1 data.seed=1 \
+      actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
+      trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
+      trainer.resume_mode=disable trainer.output_dir="$dir" "${@:5}" >> "$OUT/sp${sp}_zero$zero.log" 2>&1
+    echo "sp$sp zero$zero rc=$?"; tail -3 "$OUT/sp${sp}_zero$zero.log"; keep "$dir" "sp${sp}_zero$zero"
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -84,5 +94,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
