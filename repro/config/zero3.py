@@ -172,9 +172,6 @@ def leaf_names_for_path(path: str) -> list[str] | None:
 
     A built-in policy is a Qwen3; None when the folder or its architecture is unknown.
     """
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     from repro.data.policies import is_built_in
 
     if is_built_in(path):
@@ -185,6 +182,11 @@ def leaf_names_for_path(path: str) -> list[str] | None:
             return None
         with open(config) as f:
             model_type = json.load(f).get("model_type")
+    # Imported only now: transformers' model mapping costs ~5 s of imports, which a dry run of a command
+    # whose model folder is not on this machine (the docs' examples) need not pay.
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     cls: Any = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
     names = getattr(cls, "_no_split_modules", None) if cls is not None else None
     return sorted(names) if names else None
