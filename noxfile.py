@@ -42,7 +42,9 @@ def _profile() -> dict[str, str]:
 @nox.session
 def unit(session: nox.Session) -> None:
     """Unit and property tests on 2 xdist workers: a 2-core machine runs them in about two thirds of
-    the one-process time (collection, ~12 s of imports, is paid by each worker at once)."""
+    the one-process time (collection, ~12 s of imports, is paid by each worker at once). Compiled
+    first, so that the two workers do not each compile every module in memory."""
+    _bytecode(session)
     session.run(*PYTEST, "tests/unit", "-m", "not slow", "-n", "2", "-q", *session.posargs,
                 env={**CPU_ENV, **_profile()})
 
@@ -63,8 +65,7 @@ def slow(session: nox.Session) -> None:
 @nox.session
 def tests(session: nox.Session) -> None:
     """What CI runs: the fast unit suite, then distributed and slow tests on 2 workers (no GPU gate)."""
-    unit(session)
-    _bytecode(session)
+    unit(session)  # compiles repro/ and tests/ first (_bytecode), for this run too
     session.run(
         *PYTEST, "tests/distributed", "tests/unit", "-m", "distributed or slow", "-n", "2", "-q",
         *session.posargs, env={**CPU_ENV, **_profile()},
