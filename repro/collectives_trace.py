@@ -31,7 +31,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from repro.collectives.analyze.align import Divergence
-from repro.collectives.analyze.findings import analyze, load_traces
+from repro.collectives.analyze.findings import analyze, load_traces, strided_notes
 from repro.collectives.check.checker import CollectiveMismatchError
 from repro.collectives.cli import main
 
@@ -45,6 +45,7 @@ __all__ = [
     "install_from_env",
     "load_traces",
     "main",
+    "strided_notes",
     "trace_collectives",
 ]
 

@@ -18,7 +18,7 @@ import runpy
 import sys
 import time
 
-from repro.collectives.analyze.findings import analyze
+from repro.collectives.analyze.findings import analyze, strided_notes
 from repro.collectives.analyze.report import divergence_to_json, format_divergence
 from repro.collectives.check.checker import CHECK_CHOICES, CheckMode
 from repro.collectives.events import RankTrace
@@ -44,6 +44,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
                 {
                     "ranks": {r: len(t.calls) for r, t in traces.items()},
                     "divergence": divergence_to_json(div) if div else None,
+                    "notes": strided_notes(traces),
                 },
                 indent=2,
             )
@@ -61,6 +62,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             note = first_site_difference(traces)
             if note:
                 print(note)
+        for note in strided_notes(traces):
+            print(note)
     return 1 if div else 0
 
 
@@ -128,6 +131,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         )
     elif div is None:
         print(f"all {len(codes)} ranks exited 0; no divergence ({_summary(traces)})")
+    for note in strided_notes(traces):
+        print(note)
     if result.interrupted is not None:
         return 128 + int(result.interrupted)
     return 1 if (failed or div is not None) else 0

@@ -89,6 +89,9 @@ class CallRecord:
     issuer: str | None = None
     """For a call a library issued from C++ (no Python collective function ran): which mechanism
     and the settings that shape it, e.g. DDP's unused-parameter bitmap (see :mod:`repro.collectives.record.native`)."""
+    strided: list[str] = field(default_factory=list)
+    """The call's parameters that held a non-contiguous tensor: gloo takes one, NCCL raises
+    "Tensors must be contiguous" (see :func:`repro.collectives.analyze.findings.strided_notes`)."""
 
     @property
     def is_p2p(self) -> bool:
@@ -145,6 +148,7 @@ class CallRecord:
             "stack": list(self.stack),
             "of": self.of,
             "issuer": self.issuer,
+            "strided": list(self.strided),
         }
 
     @classmethod

@@ -25,6 +25,12 @@ gone wrong: a rank that died before its first traced call leaves no file while i
 name it, and a job stopped as hung leaves calls (or waits) that never returned - a point-to-point
 deadlock, a collective whose peer is stuck in a call the tracer cannot see. Either is a finding,
 never "no divergence" (:func:`incomplete`).
+
+**Tensors NCCL refuses**: a record names the parameters that held a non-contiguous tensor
+(``CallRecord.strided``). gloo takes such a tensor; NCCL raises "Tensors must be contiguous" in the
+same call, so a job that is clean on CPU ranks fails on GPUs. :func:`strided_notes` lists them once
+per (rank, op, site, parameter): not a divergence, a note beside the report. (Found so: Ulysses'
+positions passed DeepSpeed's all-gather a strided slice, clean on gloo, refused on 2 H100s.)
 """
 
 from __future__ import annotations
@@ -280,3 +286,18 @@ def never_returned(traces: dict[int, RankTrace]) -> Divergence | None:
 def incomplete(traces: dict[int, RankTrace]) -> Divergence | None:
     """A missing rank record first (it explains the rest), else a call that never returned."""
     return missing_rank(traces) or never_returned(traces)
+
+
+def strided_notes(traces: dict[int, RankTrace]) -> list[str]:
+    """One line per (rank, op, site, parameter) that held a non-contiguous tensor (module docstring)."""
+    seen: dict[tuple, int] = {}
+    for rank, trace in sorted(traces.items()):
+        for c in trace.calls:
+            for name in c.strided:
+                key = (rank, c.op, c.site, name)
+                seen[key] = seen.get(key, 0) + 1
+    return [
+        f"note: rank {rank}'s {op} at {site} got a non-contiguous `{name}` ({n} call{'s' if n > 1 else ''}): "
+        'gloo takes it, NCCL raises "Tensors must be contiguous"; pass .contiguous()'
+        for (rank, op, site, name), n in seen.items()
+    ]

@@ -59,6 +59,16 @@ def set_active(tracer: Any) -> None:
     _tracer = tracer
 
 
+def _strided(value: Any) -> bool:
+    """A non-contiguous tensor, or a list holding one (tensors, or P2P ops and their tensors): NCCL
+    refuses such a tensor where gloo takes it (``CallRecord.strided``)."""
+    if isinstance(value, torch.Tensor):
+        return not value.is_contiguous()
+    if isinstance(value, (list, tuple)):
+        return any(_strided(getattr(v, "tensor", v)) for v in value)
+    return False
+
+
 class PairCounter:
     """Per-channel numbering of one rank's point-to-point ops."""
 
@@ -274,6 +284,7 @@ class Tracer:
             ]
         if op in ("all_to_all", "all_to_all_single"):
             detail = split_numels(op, params, len(info.ranks))
+        strided = [name for name, v in params.items() if _strided(v)]
         # The walk skips this tracer's own frames (before, the wrapper), so start right here.
         site, lib_site, stack = sites_and_stack(sys._getframe(1))
         return CallRecord(
@@ -296,6 +307,7 @@ class Tracer:
             detail=detail,
             pairs=pairs,
             stack=stack,
+            strided=strided,
         )
 
     def before(self, op: str, args: tuple, kwargs: dict) -> CallRecord | None:
@@ -353,7 +365,7 @@ class Tracer:
         """Write the call event (under the lock); the group's calls before it, for the check's report."""
         event = rec.to_json()
         event["ev"] = "call"
-        for key in ("detail", "pairs", "of", "issuer"):
+        for key in ("detail", "pairs", "of", "issuer", "strided"):
             if not event[key]:
                 del event[key]
         del event["t_end"]

@@ -378,3 +378,34 @@ def test_cli_launch_of_the_zero2_scenario_exits_nonzero_with_the_report(tmp_path
     assert "get_grad_norm_direct" in done.stdout and "train_mini_batch" in done.stdout
     assert "SIGABRT" not in done.stdout
     assert elapsed < 60, elapsed
+
+
+def _strided_rank(rank: int, world_size: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from repro.collectives_trace import trace_collectives
+
+    x = torch.arange(12.0).view(3, 4)
+    with trace_collectives(out):
+        parts = [torch.empty(3, 2) for _ in range(world_size)]
+        dist.all_gather(parts, x[:, ::2])  # a strided view: gloo takes it, NCCL would raise
+        dist.all_reduce(x[:, :2].contiguous())
+
+
+def test_a_strided_tensor_is_recorded_and_noted_as_what_nccl_would_refuse(pooled, tmp_path, capsys):
+    """Clean on gloo, a failure on GPUs: the record names the parameter that held a non-contiguous
+    tensor and ``analyze`` notes it (seen for real: Ulysses' positions, results/gpu_gate/layouts_2gpu/)."""
+    from repro.collectives.cli import main
+    from repro.collectives.events import read_trace_dir
+
+    out = tmp_path / "trace"
+    pooled(_strided_rank, 2, timeout_s=60, args=(str(out),))
+    traces = read_trace_dir(out)
+    for rank in (0, 1):
+        gather, reduce = traces[rank].calls
+        assert (gather.op, gather.strided) == ("all_gather", ["tensor"]), gather
+        assert (reduce.op, reduce.strided) == ("all_reduce", []), reduce
+    assert main(["analyze", str(out)]) == 0  # not a divergence: the ranks agree
+    notes = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("note:")]
+    assert len(notes) == 2 and all("all_gather" in n and "`tensor`" in n and "test_trace.py" in n for n in notes), notes

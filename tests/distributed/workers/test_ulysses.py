@@ -166,7 +166,7 @@ def test_live_collective_check_runs_clean_on_an_sp_run(pooled, tmp_path):
     at ZeRO-3: the SP-group gathers of batches and per-token outputs and the gradient
     reductions match on both ranks."""
     from repro.collectives.events import read_trace_dir
-    from repro.collectives_trace import analyze
+    from repro.collectives_trace import analyze, strided_notes
 
     model_dir = make_model_dir(tmp_path / "model")
     out = tmp_path / "trace"
@@ -175,6 +175,9 @@ def test_live_collective_check_runs_clean_on_an_sp_run(pooled, tmp_path):
     assert sorted(traces) == [0, 1] and not any(t.check_failures for t in traces.values())
     assert "all_gather" in {c.op for c in traces[0].calls}
     assert analyze(out)[1] is None
+    # Nothing NCCL would refuse: Ulysses' positions reached DeepSpeed's all-gather as a strided slice
+    # until they were made contiguous (refused on 2 H100s, results/gpu_gate/layouts_2gpu/).
+    assert not strided_notes(traces), strided_notes(traces)
 
 
 def _slices(rank: int, world: int) -> list[bool]:

@@ -52,3 +52,15 @@ def test_crossed_groups_headline_names_both_groups():
     )
     first = format_divergence(d).splitlines()[0]
     assert first.startswith("Crossed collectives") and "#1 on group 0" in first and "#15 on group 1" in first
+
+
+def test_strided_notes_name_each_rank_op_site_and_parameter_once_with_a_count():
+    from repro.collectives.analyze.findings import strided_notes
+    from repro.collectives.events import RankTrace
+    from tests.unit.collectives.helpers import call
+
+    a, b, c = call(0, 1, op="all_gather", site="sp.py:7 f"), call(0, 2, op="all_gather", site="sp.py:7 f"), call(1, 1)
+    a.strided = b.strided = ["tensor"]
+    notes = strided_notes({0: RankTrace(0, [a, b]), 1: RankTrace(1, [c])})
+    assert notes == ["note: rank 0's all_gather at sp.py:7 f got a non-contiguous `tensor` (2 calls): gloo takes it, "
+                     'NCCL raises "Tensors must be contiguous"; pass .contiguous()']
