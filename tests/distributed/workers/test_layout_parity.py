@@ -1,16 +1,18 @@
 """Layouts give the same step: step 1 of the actor in every layout, against the same step on one rank.
 
-One table (``LAYOUTS``): ZeRO-1/2/3 at dp=2, Ulysses sp=2, fixed and token-budget micro-batches,
-padded and packed (remove-padding) rows, each on 2 gloo ranks of the warm rank pool; the
+One table (``LAYOUTS`` in ``layout_table.py``, shared with the 2-GPU test
+``tests/gpu_e2e/test_layout_parity_gpu.py``): ZeRO-1/2/3 at dp=2, Ulysses sp=2, fixed and token-budget
+micro-batches, padded and packed (remove-padding) rows, each on 2 gloo ranks of the warm rank pool; and
+the seed's dp=2 x sp=2 (``LAYOUTS_DP2_SP2``) on 4 fresh gloo ranks. The
 baseline is the same ``ActorWorker`` on one rank, padded, fixed micro-batches. Compared: the
 step's entropy (what the trainer reports from ``compute_log_prob``), its policy and KL losses
 (the ranks' metrics reduced as the driver reduces them) and DeepSpeed's grad norm, each within a
-bound derived below. Every layout runs in the same two rank processes (one pool task; the
+bound derived in ``layout_table.bounds``. Every 2-rank layout runs in the same two rank processes (one pool task; the
 baseline is a second, one-rank task), so the table costs two engine builds' start-up, not one per
 row. Each row also reads back that it ran the layout it names (``RoleEngine.report``: ZeRO stage,
 SP group, mask-free packed rows), so a layout silently falling back to another cannot pass.
 
-This module is the one place where layouts are compared with each other at step 1 (it replaces
+These tables are the one place where layouts are compared with each other at step 1 (it replaces
 the bare-DeepSpeed ZeRO-1/2/3 loss and grad-norm smoke test); the deeper per-feature checks stay
 with their features (every gradient element, later steps, the weights: ``test_zero_parity.py``,
 ``test_remove_padding.py``, ``test_ulysses.py``, ``test_batch_splits.py``).

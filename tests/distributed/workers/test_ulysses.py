@@ -178,22 +178,3 @@ def test_live_collective_check_runs_clean_on_an_sp_run(pooled, tmp_path):
     # Nothing NCCL would refuse: Ulysses' positions reached DeepSpeed's all-gather as a strided slice
     # until they were made contiguous (refused on 2 H100s, results/gpu_gate/layouts_2gpu/).
     assert not strided_notes(traces), strided_notes(traces)
-
-
-def _slices(rank: int, world: int) -> list[bool]:
-    from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
-
-    from repro.workers import ulysses
-
-    if mpu._SEQUENCE_PARALLEL_GROUP is None:
-        mpu.initialize_sequence_parallel(sequence_parallel_size=world)
-    ids = torch.arange(2 * 11).view(2, 11)  # b > 1 and S not a multiple of sp: padded, then sliced
-    pos = torch.arange(11).repeat(2, 1)
-    return [t.is_contiguous() for t in ulysses.shard_sequence(ids, pos, world)]
-
-
-def test_each_ranks_sequence_slice_is_contiguous_as_nccl_requires(pooled):
-    """DeepSpeed's Ulysses attention all-gathers the positions: NCCL refuses a strided tensor ("Tensors
-    must be contiguous", seen on 2 H100s: results/gpu_gate/layouts_2gpu/) where gloo takes it, so the
-    slices' layout is checked here rather than left to a GPU run."""
-    assert pooled(_slices, 2, timeout_s=60) == [[True, True, True]] * 2
