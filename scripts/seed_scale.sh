@@ -12,6 +12,8 @@
 #                                            # (mini-batch 128, micro 16, token budgets off; SP=1 is dp=4, SP=2 is dp=2 x sp=2)
 #   bash scripts/seed_scale.sh sp ZERO SP STEPS [KEY=VALUE ...]  # 2 GPUs: the preset with Ulysses sp=SP (dp = 2 / SP),
 #                                            # data and trainer seed 1, validation off (as the six-case runs)
+#   bash scripts/seed_scale.sh peers PEER STEPS   # python -m repro.bench.peers --recipe seed (2 GPUs) for one peer into
+#                                            # $REPRO_OUTPUTS_DIR/peers; `peers collect` writes the table of all peers there
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -86,6 +88,18 @@ case "${1:-}" in
       trainer.resume_mode=disable trainer.output_dir="$dir" "${@:5}" >> "$OUT/sp${sp}_zero$zero.log" 2>&1
     echo "sp$sp zero$zero rc=$?"; tail -3 "$OUT/sp${sp}_zero$zero.log"; keep "$dir" "sp${sp}_zero$zero"
     ;;
+  peers)
+    peer=${2:?peer or collect}; dir=$REPRO_OUTPUTS_DIR/peers
+    if [ "$peer" = collect ]; then
+      $PY -m repro.bench.peers --recipe seed --collect --out "$dir" > "$OUT/peers_table.log" 2>&1; echo "collect rc=$?"
+      cp "$dir"/table.md "$dir"/peers.json "$OUT"/ 2>/dev/null; exit 0
+    fi
+    steps=${3:?steps}; lim=$(limit "${PEER_TIMEOUT:-540}")
+    # The bench stops the peer 30 s before this phase's limit, so that it still writes the peer's summary.
+    timeout -k 20 "$lim" $PY -m repro.bench.peers --recipe seed --peers "$peer" --steps "$steps" --out "$dir" \
+      --timeout $(( lim - 30 )) >> "$OUT/peers_$peer.log" 2>&1
+    echo "peers $peer rc=$?"; tail -2 "$OUT/peers_$peer.log"; keep "$dir/$peer" "peers_$peer"
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -94,5 +108,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac

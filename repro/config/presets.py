@@ -123,13 +123,6 @@ PRESETS["grpo_0p6b"] = [
 ]
 
 
-def samples_per_mini_batch(name: str) -> int:
-    """Samples in one mini-batch of preset ``name`` (prompts per mini-batch x samples per prompt):
-    what the peer benchmark's micro-batches must divide, in every framework's keys."""
-    values = dict(o.split("=", 1) for o in preset_overrides(name))
-    return int(values["actor_rollout_ref.actor.ppo_mini_batch_size"]) * int(values["actor_rollout_ref.rollout.n"])
-
-
 def preset_overrides(name: str) -> list[str]:
     """The overrides of preset ``name``; ``ValueError`` listing the presets otherwise."""
     try:

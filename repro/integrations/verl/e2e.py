@@ -1,13 +1,14 @@
-"""verl's own trainer, end to end, on repro's tiny task: GRPO with ``model_engine=deepspeed`` or ``dp``.
+"""verl's own trainer, end to end, on repro's task: GRPO with ``model_engine=deepspeed`` or ``dp``.
 
     python -m repro.integrations.verl.e2e --engine deepspeed --steps 30 --out results/verl_engine/e2e
-    python -m repro.integrations.verl.e2e --engine dp --steps 30 --out results/verl_engine/e2e
+    python -m repro.integrations.verl.e2e --engine dp --recipe seed --steps 20 --out /tmp/verl_seed
 
-It prepares what verl's ``main_ppo`` needs from repro (the warm-started tiny policy, the arithmetic
-task in verl's parquet schema, repro's reward as verl's ``custom_reward_function``), runs
-``python -m verl.trainer.main_ppo`` with the ``grpo_tiny`` recipe in verl's keys (32 prompts x 8
-samples, 12 new tokens, lr 1e-4, 2 epochs x 2 mini-batches, clip 0.2, no KL) on one GPU with
-verl's vLLM rollout, and turns verl's console metrics into ``metrics.tsv`` and ``summary.json``.
+It prepares what verl's ``main_ppo`` needs from repro (the built-in policy, the arithmetic task in
+verl's parquet schema, repro's reward as verl's ``custom_reward_function``), runs ``python -m
+verl.trainer.main_ppo`` with a peer recipe (``repro.config.peer_recipes``: ``tiny``, the ``grpo_tiny``
+preset on one GPU, or ``seed``, ``grpo_0p6b`` on two) in verl's keys, the very keys repro's trainer
+reads but for the few :data:`REPRO_ONLY` ones, with verl's vLLM rollout, and turns verl's console
+metrics into ``metrics.tsv`` (after every step) and ``summary.json``.
 The check is the gate's margin: the mean score of the last 5 steps exceeds step 1's by >= 0.10.
 ``--print-config`` composes verl's config (``--cfg job``) without running: the CPU check.
 """
@@ -22,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from repro.config.peer_recipes import RECIPES, PeerRecipe
+from repro.config.peer_recipes import recipe as peer_recipe
 from repro.integrations.verl import SEARCHPATH
 
 SCORE = "critic/score/mean"
@@ -29,34 +32,49 @@ MARGIN, TAIL = 0.10, 5
 _METRIC = re.compile(r"([\w/@.\-]+):([-+0-9.eE]+|nan|inf)")
 
 
+# repro's keys verl has no key for, and why dropping them changes nothing a peer table compares.
+REPRO_ONLY = {
+    "trainer.seed": "repro's rollout and update seed; verl seeds its engines itself (42) and has no such key",
+}
+
+
+def recipe_keys(recipe: PeerRecipe, engine: str, policy: Path) -> list[str]:
+    """The recipe's keys (repro's preset and the recipe's own) in verl's names: the same key and value
+    where verl has it (repro's schema is verl's), else translated or dropped (:data:`REPRO_ONLY`)."""
+    out = []
+    for key, value in recipe.values().items():
+        if key in REPRO_ONLY or (key.startswith("actor_rollout_ref.actor.deepspeed.") and engine != "deepspeed"):
+            continue
+        if key == "actor_rollout_ref.model.path":
+            value = str(policy)
+        elif key.startswith("reward.reward_kwargs."):
+            # repro's rule reward reads them from reward.reward_kwargs; verl hands its custom reward
+            # function's reward_kwargs to it (repro.integrations.verl.reward), a key verl's yaml lacks.
+            key = "+reward.custom_reward_function." + key.removeprefix("reward.")
+        out.append(f"{key}={value}")
+    return out
+
+
 def overrides(engine: str, steps: int, policy: Path, train: Path, val: Path, out: Path, zero_stage: int,
-              micro: int = 64, vllm_sleep: bool = True) -> list[str]:
-    """verl's command line for the run (the grpo_tiny recipe; verl's keys). ``micro``: samples per
-    update micro-batch; ``vllm_sleep``: vLLM frees its memory while the actor trains (verl's default)."""
+              micro: int | None = None, vllm_sleep: bool | None = None, recipe: str = "tiny") -> list[str]:
+    """verl's command line for a run of peer recipe ``recipe`` (``repro.config.peer_recipes``).
+    ``micro``: samples per update micro-batch; ``vllm_sleep``: vLLM frees its memory while the actor
+    trains; both default to the recipe's."""
+    r = peer_recipe(recipe)
+    micro = r.micro if micro is None else micro
+    vllm_sleep = r.vllm_sleep if vllm_sleep is None else vllm_sleep
     reward = Path(__file__).with_name("reward.py")
     args = [
-        f"model_engine={engine}",
-        "algorithm.adv_estimator=grpo", "algorithm.norm_adv_by_std_in_grpo=True", "algorithm.use_kl_in_reward=False",
-        f"data.train_files={train}", f"data.val_files={val}", "data.train_batch_size=32",
-        "data.max_prompt_length=16", "data.max_response_length=12", "data.seed=0",
-        f"actor_rollout_ref.model.path={policy}", "actor_rollout_ref.model.use_remove_padding=False",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.ppo_epochs=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16", f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-        "actor_rollout_ref.actor.clip_ratio=0.2", "actor_rollout_ref.actor.use_kl_loss=False",
-        "actor_rollout_ref.actor.entropy_coeff=0.0",
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.n=8",
-        "actor_rollout_ref.rollout.temperature=1.0", "actor_rollout_ref.rollout.top_p=1.0",
-        "actor_rollout_ref.rollout.top_k=-1", "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.3", "actor_rollout_ref.rollout.enforce_eager=True",
-        f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=128",
+        f"model_engine={engine}", *recipe_keys(r, engine, policy),
+        f"data.train_files={train}", f"data.val_files={val}",
+        # No flash-attn on the GPU image: verl's remove-padding path needs it, so SDPA on padded batches.
+        "actor_rollout_ref.model.use_remove_padding=False", "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", f"actor_rollout_ref.rollout.free_cache_engine={vllm_sleep}",
         f"reward.custom_reward_function.path={reward}", "reward.custom_reward_function.name=compute_score",
-        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", f"trainer.total_training_steps={steps}",
-        "trainer.total_epochs=1000", "trainer.logger=[console]", "trainer.val_before_train=False",
-        "trainer.test_freq=-1", "trainer.save_freq=-1", "trainer.project_name=repro",
-        f"trainer.experiment_name=grpo_tiny_{engine}", f"trainer.default_local_dir={out / 'ckpt'}",
+        f"trainer.total_training_steps={steps}", "trainer.total_epochs=1000", "trainer.logger=[console]",
+        "trainer.project_name=repro", f"trainer.experiment_name={r.preset}_{engine}",
+        f"trainer.default_local_dir={out / 'ckpt'}",
     ]
     if engine == "deepspeed":
         args += [f"hydra.searchpath=[{SEARCHPATH}]", f"actor_rollout_ref.actor.deepspeed.zero_stage={zero_stage}"]
@@ -113,11 +131,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.integrations.verl.e2e", description=__doc__.split("\n")[0])
     parser.add_argument("--engine", choices=["deepspeed", "dp"], default="deepspeed")
     parser.add_argument("--zero-stage", type=int, choices=[1, 2, 3], default=2)
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default="tiny",
+                        help="peer recipe (repro.config.peer_recipes): tiny (1 GPU) or seed (the 0.6B policy, 2 GPUs)")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--micro", type=int, default=64, help="samples per update micro-batch")
-    parser.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=True,
-                        help="vLLM frees its GPU memory while the actor trains (free_cache_engine)")
+    parser.add_argument("--micro", type=int, default=None, help="samples per update micro-batch (default: the recipe's)")
+    parser.add_argument("--vllm-sleep", action=argparse.BooleanOptionalAction, default=None,
+                        help="vLLM frees its GPU memory while the actor trains (free_cache_engine; default: the recipe's)")
     parser.add_argument("--out", type=Path, default=Path("results/verl_engine/e2e"))
+    parser.add_argument("--run-dir", type=Path, default=None, help="the run's folder (default: --out/<dp or deepspeed-zero<stage>>)")
     parser.add_argument("--print-config", action="store_true", help="compose verl's config and print it; no run")
     parser.add_argument("--plot", action="store_true", help="draw the score curves of the runs under --out; no run")
     args, extra = parser.parse_known_args(argv)
@@ -126,14 +147,16 @@ def main(argv: list[str] | None = None) -> int:
         plot(runs, args.out / "curves.png")
         return 0
     from repro.data.arith import ensure_arith_parquet
-    from repro.data.sft import cache_root, ensure_tiny_policy
+    from repro.data.policies import built_in
+    from repro.data.sft import cache_root
 
-    run_dir = args.out / (args.engine if args.engine == "dp" else f"deepspeed-zero{args.zero_stage}")
+    run_dir = args.run_dir or args.out / run_name(args.engine, args.zero_stage)
     run_dir.mkdir(parents=True, exist_ok=True)
     train, val = ensure_arith_parquet(cache_root() / "arith")
-    policy = Path("tiny") if args.print_config else ensure_tiny_policy()
+    policy = Path(peer_recipe(args.recipe).policy) if args.print_config else built_in(peer_recipe(args.recipe).policy).ensure()
     cmd = [sys.executable, "-m", "verl.trainer.main_ppo",
-           *overrides(args.engine, args.steps, policy, train, val, run_dir, args.zero_stage, args.micro, args.vllm_sleep),
+           *overrides(args.engine, args.steps, policy, train, val, run_dir, args.zero_stage, args.micro, args.vllm_sleep,
+                      args.recipe),
            *extra]
     # verl imports its plugins in every process, Ray's workers included; without a pip install of
     # repro the entry point is not there, and verl's module list (inherited by the workers) names it.
@@ -142,18 +165,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         return subprocess.call([*cmd, "--cfg", "job"], env=env)
     (run_dir / "command.txt").write_text(" ".join(cmd) + "\n")
+    rows: list[dict[str, float]] = []
     with open(run_dir / "console.log", "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for line in proc.stdout:
             log.write(line)
             if "step:" in line and SCORE in line:
                 print(line.rstrip()[:300], flush=True)
+                # Written after every step: a run stopped from outside (a time limit) keeps its steps.
+                rows += parse_console(line)
+                write_tsv(rows, run_dir / "metrics.tsv")
         rc = proc.wait()
-    rows = parse_console((run_dir / "console.log").read_text())
     if rc or not rows:
         print(f"verl's trainer exited {rc} after {len(rows)} steps; log {run_dir / 'console.log'}", file=sys.stderr)
         return rc or 1
-    write_tsv(rows, run_dir / "metrics.tsv")
     summary = summarize(rows)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary))
@@ -161,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAIL: score rose {summary['rise']:.3f} < {MARGIN} (step 1 -> last {TAIL})", file=sys.stderr)
         return 1
     return 0
+
+
+def run_name(engine: str, zero_stage: int) -> str:
+    """The run's folder under ``--out``: ``dp`` or ``deepspeed-zero<stage>``."""
+    return engine if engine == "dp" else f"deepspeed-zero{zero_stage}"
 
 
 if __name__ == "__main__":

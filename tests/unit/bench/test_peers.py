@@ -8,41 +8,68 @@ import pytest
 
 from repro.bench import peers
 from repro.config.loader import load_config
+from repro.config.peer_recipes import RECIPES
 
 
+def _value(cfg: object, key: str) -> object:
+    for part in key.split("."):
+        cfg = cfg[part] if isinstance(cfg, dict) else getattr(cfg, part)
+    return cfg
+
+
+def _same(config_value: object, text: str) -> bool:
+    """A config value against the command-line text it came from (yaml-ish: numbers, booleans, lists)."""
+    import yaml
+
+    parsed = yaml.safe_load(text)
+    if isinstance(parsed, str) and isinstance(config_value, float):
+        parsed = float(parsed)  # yaml 1.1 reads "1e-5" as a string
+    return config_value == parsed or str(config_value) == text
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
 @pytest.mark.parametrize("peer", ["repro-zero2", "repro-zero3"])
-def test_the_repro_peers_command_is_one_the_config_loader_accepts(peer: str, tmp_path: Path) -> None:
+def test_the_repro_peer_runs_every_key_of_its_recipe(recipe: str, peer: str, tmp_path: Path) -> None:
+    r = RECIPES[recipe]
     policy, train = tmp_path / "policy", tmp_path / "train.parquet"
-    cmd = peers.commands(peer, 30, policy, train, tmp_path / "val.parquet", tmp_path / peer)
-    assert cmd[1:5] == ["-m", "repro.main_ppo", "-cn", "grpo_tiny"]
-    cfg = load_config([*cmd[5:], "trainer.dry_run=True"], config_name="grpo_tiny")  # no vllm, no files here
+    cmd = peers.commands(peer, 30, policy, train, tmp_path / "val.parquet", tmp_path / peer, recipe_name=recipe)
+    assert cmd[1:5] == ["-m", "repro.main_ppo", "-cn", r.preset]
+    cfg = load_config([*cmd[5:], "trainer.dry_run=True"], config_name=r.preset)  # no vllm, no files here
+    # Every key of the recipe (preset and equalisers) reaches the config, but for the ones the command
+    # sets per run: the policy folder, the stage, the micro-batch and sleep flags (checked next).
+    per_run = {"actor_rollout_ref.model.path", "actor_rollout_ref.actor.deepspeed.zero_stage", "trainer.total_training_steps",
+               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", "actor_rollout_ref.rollout.free_cache_engine"}
+    wrong = {k: (v, _value(cfg, k)) for k, v in r.values().items() if k not in per_run and not _same(_value(cfg, k), v)}
+    assert wrong == {}
     actor = cfg.actor_rollout_ref.actor
     assert actor.deepspeed.zero_stage == int(peer[-1])
-    # The recipe every peer shares (the TRL and verl peers state the same numbers in their keys).
-    assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, cfg.data.max_response_length) == (32, 8, 12)
-    assert (actor.ppo_epochs, actor.ppo_mini_batch_size, actor.optim.lr, actor.clip_ratio) == (2, 16, 1e-4, 0.2)
-    assert cfg.actor_rollout_ref.rollout.name == "vllm"
-    assert cfg.actor_rollout_ref.rollout.gpu_memory_utilization == peers.UTIL
-    assert cfg.trainer.total_training_steps == 30
-    # The settings every peer gets alike: one micro-batch per mini-batch, vLLM awake throughout.
-    assert actor.ppo_micro_batch_size_per_gpu == peers.MINI_BATCH
-    assert cfg.actor_rollout_ref.rollout.free_cache_engine is False
-    assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is False
+    assert cfg.trainer.n_gpus_per_node == r.gpus and cfg.trainer.total_training_steps == 30
+    assert actor.ppo_micro_batch_size_per_gpu == r.micro
+    assert cfg.actor_rollout_ref.rollout.free_cache_engine is r.vllm_sleep
 
 
-@pytest.mark.parametrize("micro,sleep", [(32, True), (128, False)])
-def test_every_peer_is_given_the_same_micro_batch_and_vllm_sleep_setting(micro: int, sleep: bool, tmp_path: Path) -> None:
+def test_the_seed_recipe_is_the_seeds_preset_at_two_gpus_with_trls_vllm_batch() -> None:
+    v = RECIPES["seed"].values()
+    assert (v["data.train_batch_size"], v["actor_rollout_ref.rollout.n"], v["actor_rollout_ref.actor.ppo_mini_batch_size"]) == ("64", "4", "32")
+    assert v["trainer.n_gpus_per_node"] == "2" and v["actor_rollout_ref.model.enable_gradient_checkpointing"] == "True"
+    assert v["actor_rollout_ref.actor.ppo_max_token_len_per_gpu"] == "4096" and v["actor_rollout_ref.actor.use_dynamic_bsz"] == "True"
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+@pytest.mark.parametrize("micro,sleep", [(32, True), (64, False)])
+def test_every_peer_is_given_the_same_micro_batch_and_vllm_sleep_setting(recipe: str, micro: int, sleep: bool,
+                                                                          tmp_path: Path) -> None:
     for peer in peers.PEERS:
-        cmd = peers.commands(peer, 5, tmp_path, tmp_path, tmp_path, tmp_path / peer, micro, sleep)
+        cmd = peers.commands(peer, 5, tmp_path, tmp_path, tmp_path, tmp_path / peer, micro, sleep, recipe)
         if peer.startswith("repro-"):
             assert f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}" in cmd
             assert f"actor_rollout_ref.rollout.free_cache_engine={sleep}" in cmd
         else:
-            assert cmd[cmd.index("--micro") + 1] == str(micro)
+            assert cmd[cmd.index("--micro") + 1] == str(micro) and cmd[cmd.index("--recipe") + 1] == recipe
             assert ("--vllm-sleep" if sleep else "--no-vllm-sleep") in cmd
-        if peer.startswith(("repro-", "verl-")):
-            # verl's model config checkpoints activations unless told not to; TRL's peer sets it off itself.
-            assert "actor_rollout_ref.model.enable_gradient_checkpointing=False" in cmd
+        if peer == "trl":
+            # One process a GPU: torchrun on two.
+            assert ("torch.distributed.run" in cmd) == (RECIPES[recipe].gpus > 1)
 
 
 def test_verls_command_line_carries_the_micro_batch_and_sleep_setting(tmp_path: Path) -> None:
@@ -51,6 +78,43 @@ def test_verls_command_line_carries_the_micro_batch_and_sleep_setting(tmp_path: 
     args = overrides("dp", 3, tmp_path, tmp_path, tmp_path, tmp_path, 2, micro=32, vllm_sleep=False)
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32" in args
     assert "actor_rollout_ref.rollout.free_cache_engine=False" in args
+    # verl has no trainer seed; the deepspeed keys go only to repro's engine.
+    assert not any(a.startswith(("trainer.seed=", "actor_rollout_ref.actor.deepspeed.")) for a in args)
+    assert "actor_rollout_ref.actor.deepspeed.zero_stage=3" in overrides("deepspeed", 3, tmp_path, tmp_path, tmp_path,
+                                                                        tmp_path, 3, recipe="seed")
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_trls_config_is_read_off_repros_config_of_the_recipe(recipe: str) -> None:
+    from repro.integrations.trl.peer import grpo_kwargs, rollout_optimizer_steps, vllm_max_num_seqs
+
+    r = RECIPES[recipe]
+    cfg = load_config([*r.overrides, "trainer.dry_run=True"], config_name=r.preset)
+    kw = grpo_kwargs(cfg, r.gpus, r.micro, r.vllm_sleep, steps=10)
+    actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
+    samples, mini = cfg.data.train_batch_size * rollout.n, actor.ppo_mini_batch_size * rollout.n
+    # One generation is one rollout step's samples; one optimizer step is one mini-batch.
+    assert kw["per_device_train_batch_size"] * r.gpus * kw["steps_per_generation"] == samples
+    assert kw["per_device_train_batch_size"] * r.gpus * kw["gradient_accumulation_steps"] == mini
+    assert kw["max_steps"] == 10 * rollout_optimizer_steps(cfg) == 10 * actor.ppo_epochs * samples // mini
+    assert (kw["num_generations"], kw["num_iterations"], kw["max_completion_length"]) == \
+        (rollout.n, actor.ppo_epochs, cfg.data.max_response_length)
+    assert (kw["learning_rate"], kw["epsilon"], kw["max_grad_norm"], kw["beta"]) == (actor.optim.lr, 0.2, 1.0, 0.0)
+    assert kw["vllm_gpu_memory_utilization"] == rollout.gpu_memory_utilization
+    assert kw["gradient_checkpointing"] is cfg.actor_rollout_ref.model.enable_gradient_checkpointing
+    assert kw["deepspeed"]["zero_optimization"]["stage"] == actor.deepspeed.zero_stage
+    if recipe == "seed":
+        # TRL sizes vLLM's batch itself; the recipe gives repro and verl the same number.
+        assert vllm_max_num_seqs(kw) == rollout.max_num_seqs == 128
+
+
+def test_trl_refuses_a_micro_batch_that_does_not_divide_a_gpus_share_of_the_mini_batch() -> None:
+    from repro.integrations.trl.peer import grpo_kwargs
+
+    r = RECIPES["seed"]
+    cfg = load_config([*r.overrides, "trainer.dry_run=True"], config_name=r.preset)
+    with pytest.raises(ValueError, match="must divide the mini-batch of 128"):
+        grpo_kwargs(cfg, 2, 48, True, 10)
 
 
 def _rows(step_s: list[float], scores: list[float]) -> list[dict[str, float]]:
@@ -84,7 +148,9 @@ def test_the_table_ranks_against_the_fastest_and_names_a_failed_peer() -> None:
 
 def test_a_micro_batch_that_does_not_divide_the_mini_batch_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert peers.main(["--micro", "48"]) == 2
-    assert "--micro 48: must divide the recipe's mini-batch of 128" in capsys.readouterr().err
+    assert "--micro 48: must divide the recipe's mini-batch of 128 samples a GPU" in capsys.readouterr().err
+    assert peers.main(["--recipe", "seed", "--micro", "48"]) == 2
+    assert "mini-batch of 64 samples a GPU" in capsys.readouterr().err
 
 
 def test_an_unknown_peer_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
@@ -98,3 +164,28 @@ def test_python_m_repro_bench_peers_is_the_peer_benchmark(capsys: pytest.Capture
 
     assert bench_main(["peers", "--micro", "48"]) == 2
     assert "--micro 48: must divide" in capsys.readouterr().err
+
+
+def test_a_peer_stopped_by_its_time_limit_keeps_its_steps_and_its_whole_process_group_goes(tmp_path: Path) -> None:
+    # A peer that logs a step, starts a child that would outlive it, then hangs (as a Ray job can).
+    script = tmp_path / "peer.py"
+    pidfile = tmp_path / "child.pid"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        f"open({str(tmp_path / 'run' / 'metrics.tsv')!r}, 'w').write('step\\ttiming_s/step\\tcritic/score/mean\\n1\\t2.0\\t0.5\\n')\n"
+        f"open({str(pidfile)!r}, 'w').write(str(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']).pid))\n"
+        "time.sleep(60)\n")
+    import sys
+
+    result = peers._run("repro-zero2", [sys.executable, str(script)], tmp_path / "run", timeout=3, trl_pythonpath="", gpus=1)
+    assert result["exit"] == "timeout" and result["steps"] == 1 and result["score_step1"] == 0.5
+    import os
+
+    child = int(pidfile.read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):  # the group was sent SIGTERM; give the child a moment to go
+            os.kill(child, 0)
+            import time
+
+            time.sleep(0.1)
+    assert (tmp_path / "run" / "peer.json").is_file()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import copy
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from repro.integrations.verl import compare, e2e
 
@@ -58,3 +61,44 @@ def test_the_reward_verl_calls_is_repros_rule_for_the_rows_data_source():
     assert compute_score("repro/arith", "Q: 23+4=? A: #### 27", "27") == 1.0
     assert compute_score("repro/arith", "#### 28", "27") == 0.1  # formatted, wrong: grpo_tiny's format score
     assert compute_score("openai/gsm8k", "no answer", "27") == 0.0
+
+
+def _at(tree, key: str):
+    for part in key.split("."):
+        tree = tree[part] if isinstance(tree, dict) else getattr(tree, part)
+    return tree
+
+
+@pytest.mark.parametrize("engine", ["dp", "deepspeed"])
+def test_verls_trainer_is_given_every_key_of_the_seed_recipe_at_repros_value(engine, tmp_path):
+    """The peer table's "equal settings", checked in the composed configs: for each key of the seed
+    recipe (repro's preset and the recipe's own), verl's composed value equals what repro's trainer
+    runs with in the peer benchmark, but for the keys verl lacks (e2e.REPRO_ONLY, each with its reason)."""
+    import yaml
+
+    from repro.bench import peers
+    from repro.config.loader import load_config
+    from repro.config.peer_recipes import RECIPES
+
+    recipe = RECIPES["seed"]
+    out = subprocess.run([sys.executable, "-m", "repro.integrations.verl.e2e", "--engine", engine, "--recipe", "seed",
+                          "--print-config", "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    verl = yaml.safe_load(out.stdout)
+    cmd = peers.commands("repro-zero2", 30, tmp_path / recipe.policy, tmp_path, tmp_path, tmp_path / "repro", recipe_name="seed")
+    repro = load_config([*cmd[5:], "trainer.dry_run=True"], config_name=recipe.preset)
+    compared, differ = 0, {}
+    for key in recipe.values():
+        if key in e2e.REPRO_ONLY or (engine == "dp" and key.startswith("actor_rollout_ref.actor.deepspeed.")) \
+                or key == "trainer.experiment_name":  # a run's name (e2e names it by engine), not a setting
+            continue
+        verl_key = "reward.custom_reward_function." + key.removeprefix("reward.") if key.startswith("reward.reward_kwargs.") else key
+        mine = _at(repro, key)
+        theirs = _at(verl, verl_key)
+        if key == "actor_rollout_ref.model.path":  # a folder each, named alike in --print-config
+            mine, theirs = Path(mine).name, Path(theirs).name
+        compared += 1
+        if mine != theirs and not (isinstance(mine, list) and list(mine) == list(theirs)):
+            differ[key] = (mine, theirs)
+    assert differ == {}
+    assert compared >= 35  # the preset's ~40 keys less the few repro-only ones: none skipped by accident
