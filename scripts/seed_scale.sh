@@ -97,7 +97,7 @@ case "${1:-}" in
     steps=${3:?steps}; lim=$(limit "${PEER_TIMEOUT:-540}")
     # The bench stops the peer 30 s before this phase's limit, so that it still writes the peer's summary.
     timeout -k 20 "$lim" $PY -m repro.bench.peers --recipe seed --peers "$peer" --steps "$steps" --out "$dir" \
-      --timeout $(( lim - 30 )) >> "$OUT/peers_$peer.log" 2>&1
+      --timeout $(( lim - 30 )) --trl-pythonpath "${TRL_SITE:-}" >> "$OUT/peers_$peer.log" 2>&1
     echo "peers $peer rc=$?"; tail -2 "$OUT/peers_$peer.log"; keep "$dir/$peer" "peers_$peer"
     ;;
   crossover)

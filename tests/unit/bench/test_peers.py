@@ -99,6 +99,7 @@ def test_trls_config_is_read_off_repros_config_of_the_recipe(recipe: str) -> Non
     assert kw["max_steps"] == 10 * rollout_optimizer_steps(cfg) == 10 * actor.ppo_epochs * samples // mini
     assert (kw["num_generations"], kw["num_iterations"], kw["max_completion_length"]) == \
         (rollout.n, actor.ppo_epochs, cfg.data.max_response_length)
+    assert kw["top_k"] == 0  # off, as verl's -1
     assert (kw["learning_rate"], kw["epsilon"], kw["max_grad_norm"], kw["beta"]) == (actor.optim.lr, 0.2, 1.0, 0.0)
     assert kw["vllm_gpu_memory_utilization"] == rollout.gpu_memory_utilization
     assert kw["gradient_checkpointing"] is cfg.actor_rollout_ref.model.enable_gradient_checkpointing
