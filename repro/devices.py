@@ -61,11 +61,49 @@ def nvml_used_gb() -> float | None:
         import pynvml
 
         pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        index = torch.cuda.current_device()
-        # NVML numbers devices physically; CUDA_VISIBLE_DEVICES may renumber them (UUIDs are left as is).
-        if visible and not visible.startswith("GPU-"):
-            index = int(visible.split(",")[index])
+        index = _nvml_indices(1 + torch.cuda.current_device())[torch.cuda.current_device()]
         return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used / 2**30
     except Exception:  # noqa: BLE001 - NVML is a best-effort second opinion on memory
         return None
+
+
+def _nvml_indices(count: int) -> list[int]:
+    """NVML's (physical) numbers of this process's first ``count`` CUDA devices: NVML numbers devices
+    physically and ``CUDA_VISIBLE_DEVICES`` may renumber them (UUIDs are left as they are)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if visible and not visible.startswith("GPU-"):
+        return [int(i) for i in visible.split(",")][:count]
+    return list(range(count))
+
+
+class NvmlPeak:
+    """The most memory the driver saw in use on any of this process's GPUs while the block ran (NVML,
+    sampled every ``period`` s by a thread): what every process on them held, a child's vLLM engine
+    included. ``peak_gb`` stays 0.0 where there is no driver."""
+
+    def __init__(self, period: float = 0.2) -> None:
+        import threading
+
+        self.period, self.peak_gb = period, 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> NvmlPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _nvml_indices(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # noqa: BLE001 - no driver: no figure
+            return
+        while not self._stop.wait(self.period):
+            self.peak_gb = max(self.peak_gb, max(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / 2**30)
+        pynvml.nvmlShutdown()

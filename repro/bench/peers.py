@@ -31,11 +31,11 @@ import os
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 from repro.config.peer_recipes import RECIPES, PeerRecipe, recipe
+from repro.devices import NvmlPeak
 from repro.rl.metrics import MetricsLog
 
 PEERS = ("repro-zero2", "repro-zero3", "verl-dp", "verl-deepspeed", "verl-deepspeed-zero3", "trl")
@@ -77,41 +77,6 @@ def commands(peer: str, steps: int, policy: Path, train: Path, val: Path, run_di
 
 def _sleep_flag(on: bool) -> str:
     return "--vllm-sleep" if on else "--no-vllm-sleep"
-
-
-class NvmlPeak:
-    """The most memory the driver saw in use on each visible GPU while the block ran (NVML, sampled
-    every ``period`` s): one measure for every peer, whichever process (actor, vLLM engine) held it."""
-
-    def __init__(self, period: float = 0.2) -> None:
-        self.period, self.peak_gb = period, 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def __enter__(self) -> NvmlPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:  # noqa: BLE001 - no driver: no figure (the column says '-')
-            return
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-        # NVML numbers devices physically; CUDA_VISIBLE_DEVICES names the ones this peer may use.
-        indices = [int(i) for i in visible.split(",")] if visible and not visible.startswith("GPU-") \
-            else range(pynvml.nvmlDeviceGetCount())
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices]
-        while not self._stop.wait(self.period):
-            used = max(pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles) / 2**30
-            self.peak_gb = max(self.peak_gb, used)
-        pynvml.nvmlShutdown()
 
 
 def summarize(rows: list[dict[str, float]], gpus: int = 1) -> dict[str, float]:
