@@ -55,7 +55,6 @@ def grpo_kwargs(cfg, gpus: int, micro: int, vllm_sleep: bool, steps: int) -> dic
         steps_per_generation=samples // (micro * gpus), num_iterations=actor.ppo_epochs, num_generations=rollout.n,
         max_completion_length=cfg.data.max_response_length,
         temperature=rollout.temperature, top_p=rollout.top_p, top_k=0 if rollout.top_k < 0 else rollout.top_k,  # TRL: 0 is off (verl: -1)
-       
         learning_rate=optim.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=optim.weight_decay,
         adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_epsilon=optim.eps, max_grad_norm=actor.grad_clip,
         epsilon=actor.clip_ratio_low or actor.clip_ratio, epsilon_high=actor.clip_ratio_high or actor.clip_ratio,
