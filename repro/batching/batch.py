@@ -115,3 +115,29 @@ def padded_batch(prompts: torch.Tensor, prompt_mask: torch.Tensor, responses: to
         "responses": responses,
         "response_mask": response_mask,
     }
+
+
+def trimmed(mb: Mapping[str, torch.Tensor]) -> Batch:
+    """The layout entries of ``mb`` without the columns that are padding in every row: left of its
+    longest prompt and right of its longest response.
+
+    The rollout pads prompts to ``max_prompt_length`` and responses to ``max_response_length``; a
+    padded forward over those widths computes every padding position too (768 columns for ~21 real
+    tokens a sample at the seed's settings, results/peers/2gpu/README.md). Positions keep their
+    ``position_ids``, so every real token is computed as before; what a caller returns per response
+    token it pads back to the full width (:func:`pad_responses`). At least one response column stays.
+    """
+    width = mb["responses"].shape[1]
+    prompt_width = mb["input_ids"].shape[1] - width
+    held = mb["attention_mask"][:, :prompt_width].any(dim=0).nonzero()
+    first = int(held[0]) if len(held) else prompt_width
+    answered = mb["response_mask"].any(dim=0).nonzero()
+    keep = int(answered[-1]) + 1 if len(answered) else 1
+    out = {k: mb[k][:, first:prompt_width + keep] for k in ("input_ids", "attention_mask", "position_ids")}
+    out.update({k: mb[k][:, :keep] for k in ("responses", "response_mask")})
+    return out
+
+
+def pad_responses(values: torch.Tensor, width: int) -> torch.Tensor:
+    """``[b, r]`` per-response-token values right-padded with zeros to ``width`` (undoes :func:`trimmed`)."""
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))

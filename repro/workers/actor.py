@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batching.batch import Batch, num_samples, select
+from repro.batching.batch import Batch, num_samples, pad_responses, select, trimmed
 from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import check_inactive_skip, plan_role_batch
@@ -94,11 +94,15 @@ class ActorWorker:
         """
         resp_len = mb["responses"].shape[1]
         if not self.remove_padding and self.sp == 1:
+            t = trimmed(mb)  # the columns some row holds a token in; zeros elsewhere, as the packed paths give
             logits = self.engine.forward(
-                input_ids=mb["input_ids"], attention_mask=mb["attention_mask"], position_ids=mb["position_ids"],
-                use_cache=False, logits_to_keep=resp_len + 1,
+                input_ids=t["input_ids"], attention_mask=t["attention_mask"], position_ids=t["position_ids"],
+                use_cache=False, logits_to_keep=t["responses"].shape[1] + 1,
             ).logits[:, :-1]
-            return token_log_probs(logits, mb["responses"], temperature=self.temperature, with_entropy=with_entropy)
+            log_prob, entropy = token_log_probs(logits, t["responses"], temperature=self.temperature,
+                                                with_entropy=with_entropy)
+            log_prob = pad_responses(log_prob * t["response_mask"], resp_len)
+            return log_prob, (pad_responses(entropy * t["response_mask"], resp_len) if entropy is not None else None)
         packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity, one_row=self.varlen) \
             if self.remove_padding else None
         if packed is not None and self.sp == 1:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batching.batch import Batch, num_samples, select
+from repro.batching.batch import Batch, num_samples, pad_responses, select, trimmed
 from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import plan_role_batch
@@ -50,9 +50,11 @@ class CriticWorker:
         sequence with sequence parallelism (:mod:`repro.workers.ulysses`)."""
         resp_len = mb["responses"].shape[1]
         if not self.remove_padding and self.sp == 1:
-            out = self.engine.forward(input_ids=mb["input_ids"], attention_mask=mb["attention_mask"],
-                                      position_ids=mb["position_ids"], use_cache=False)
-            return out.logits[:, -resp_len - 1:-1, 0].float()
+            t = trimmed(mb)  # the columns some row holds a token in (repro.batching.batch.trimmed)
+            out = self.engine.forward(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
+                                      position_ids=t["position_ids"], use_cache=False)
+            keep = t["responses"].shape[1]
+            return pad_responses(out.logits[:, -keep - 1:-1, 0].float() * t["response_mask"], resp_len)
         packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
             if self.remove_padding else None
         ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])

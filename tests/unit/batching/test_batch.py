@@ -11,6 +11,7 @@ from repro.batching.batch import (
     chunks,
     concat_batches,
     num_samples,
+    pad_responses,
     padded_batch,
     pick,
     select,
@@ -18,6 +19,7 @@ from repro.batching.batch import (
     shard_batch,
     split_list,
     to_device,
+    trimmed,
 )
 
 
@@ -129,3 +131,53 @@ def test_the_batch_type_is_defined_in_one_module_only():
 def test_the_alias_scanner_finds_a_second_definition():
     assert _batch_aliases("import torch\nRows = dict[str, torch.Tensor]\nBatch = dict\n") == ["Rows", "Batch"]
     assert _batch_aliases("from repro.batching.batch import Batch\nx: int = 1\n") == []
+
+
+def _ragged(b: int, p: int, r: int, p_lens: list[int], r_lens: list[int]) -> dict[str, torch.Tensor]:
+    prompt_mask = (torch.arange(p)[None] >= (p - torch.tensor(p_lens))[:, None]).long()
+    response_mask = (torch.arange(r)[None] < torch.tensor(r_lens)[:, None]).long()
+    ids = torch.arange(1, b * (p + r) + 1).reshape(b, p + r)
+    return padded_batch(ids[:, :p] * prompt_mask, prompt_mask, ids[:, p:] * response_mask, response_mask)
+
+
+@given(st.integers(1, 6).flatmap(lambda b: st.tuples(
+    st.lists(st.integers(0, 7), min_size=b, max_size=b), st.lists(st.integers(0, 9), min_size=b, max_size=b))))
+def test_trimming_drops_only_columns_that_are_padding_in_every_row(lens):
+    p_lens, r_lens = lens
+    mb = _ragged(len(p_lens), 7, 9, p_lens, r_lens)
+    t = trimmed(mb)
+    # Every real token is kept, with its position; only all-padding columns went.
+    assert t["attention_mask"].sum() == mb["attention_mask"].sum()
+    assert t["input_ids"][t["attention_mask"] == 1].tolist() == mb["input_ids"][mb["attention_mask"] == 1].tolist()
+    assert t["position_ids"][t["attention_mask"] == 1].tolist() == mb["position_ids"][mb["attention_mask"] == 1].tolist()
+    assert t["input_ids"].shape[1] == max(p_lens) + max(max(r_lens), 1)
+    assert torch.equal(pad_responses(t["response_mask"], 9), mb["response_mask"])
+
+
+def test_a_trimmed_forward_gives_every_response_token_the_full_width_log_prob():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from repro.workers.logprob import token_log_probs
+    from tests.error_model import decoder_chain, float_tol
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, initializer_range=0.2, attn_implementation="sdpa")
+    model = Qwen3ForCausalLM(cfg).double()
+    p, r = 16, 12  # the rollout's widths; the rows below are shorter on both sides
+    mb = _ragged(4, p, r, [5, 7, 3, 6], [4, 2, 0, 5])
+    mb["input_ids"] = mb["input_ids"] % 128
+    mb["responses"] = mb["responses"] % 128
+
+    def log_probs(b):
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"],
+                       logits_to_keep=b["responses"].shape[1] + 1).logits[:, :-1]
+        return token_log_probs(logits, b["responses"])[0] * b["response_mask"]
+
+    full, t = log_probs(mb), trimmed(mb)
+    assert t["input_ids"].shape[1] == 7 + 5  # the longest prompt and the longest response
+    got = pad_responses(log_probs(t), r)
+    # fp64, the same tokens and positions; only the all-masked key columns are gone from each softmax and
+    # attention sum (exact zeros): the error model's bound along the model's chain.
+    tol = float_tol(decoder_chain(cfg, p + r), full.detach().abs().max(), torch.float64)
+    assert (got - full).abs().max().item() <= tol
