@@ -14,6 +14,8 @@
 #                                            # data and trainer seed 1, validation off (as the six-case runs)
 #   bash scripts/seed_scale.sh peers PEER STEPS   # python -m repro.bench.peers --recipe seed (2 GPUs) for one peer into
 #                                            # $REPRO_OUTPUTS_DIR/peers; `peers collect` writes the table of all peers there
+#                                            # (TRL_SITE: the folder holding TRL's wheels, kept off verl's path:
+#                                            # verl's FSDP worker imports TRL whenever it can, and TRL 1.16 breaks it)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
