@@ -178,7 +178,7 @@ def test_a_peer_stopped_by_its_time_limit_keeps_its_steps_and_its_whole_process_
         "time.sleep(60)\n")
     import sys
 
-    result = peers._run("repro-zero2", [sys.executable, str(script)], tmp_path / "run", timeout=3, trl_pythonpath="", gpus=1)
+    result = peers._run("repro-zero2", [sys.executable, str(script)], tmp_path / "run", timeout=1.5, trl_pythonpath="", gpus=1)
     assert result["exit"] == "timeout" and result["steps"] == 1 and result["score_step1"] == 0.5
     import os
 
