@@ -74,10 +74,11 @@ def test_verls_trainer_is_given_every_key_of_the_seed_recipe_at_repros_value(eng
     """The peer table's "equal settings", checked in the composed configs: for each key of the seed
     recipe (repro's preset and the recipe's own), verl's composed value equals what repro's trainer
     runs with in the peer benchmark, but for the keys verl lacks (e2e.REPRO_ONLY, each with its reason)."""
+    import json
+
     import yaml
 
     from repro.bench import peers
-    from repro.config.loader import load_config
     from repro.config.peer_recipes import RECIPES
 
     recipe = RECIPES["seed"]
@@ -86,7 +87,14 @@ def test_verls_trainer_is_given_every_key_of_the_seed_recipe_at_repros_value(eng
     assert out.returncode == 0, out.stderr[-2000:]
     verl = yaml.safe_load(out.stdout)
     cmd = peers.commands("repro-zero2", 30, tmp_path / recipe.policy, tmp_path, tmp_path, tmp_path / "repro", recipe_name="seed")
-    repro = load_config([*cmd[5:], "trainer.dry_run=True"], config_name=recipe.preset)
+    # repro's config in a process of its own: its loader registers a Hydra schema named ppo_trainer, which
+    # would stand in for verl's in this process's later compositions.
+    code = ("import dataclasses, json, sys; from repro.config.loader import load_config; "
+            "print(json.dumps(dataclasses.asdict(load_config(sys.argv[2:], config_name=sys.argv[1]))))")
+    loaded = subprocess.run([sys.executable, "-c", code, recipe.preset, *cmd[5:], "trainer.dry_run=True"],
+                            capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-2000:]
+    repro = json.loads(loaded.stdout.splitlines()[-1])
     compared, differ = 0, {}
     for key in recipe.values():
         if key in e2e.REPRO_ONLY or (engine == "dp" and key.startswith("actor_rollout_ref.actor.deepspeed.")) \
