@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-from repro.config.peer_recipes import RECIPES, PeerRecipe, recipe
+from repro.config.peer_recipes import RECIPES, recipe
 from repro.devices import NvmlPeak
 from repro.rl.metrics import MetricsLog
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad or (not peers and not args.collect) or args.steps < 2:
         print(f"--peers {bad or peers}: choose from {list(PEERS)}; --steps must be >= 2", file=sys.stderr)
         return 2
-    mini = _mini_batch_per_gpu(r)
+    mini = r.mini_batch_per_gpu()
     if args.micro is not None and (args.micro < 1 or mini % args.micro):
         print(f"--micro {args.micro}: must divide the recipe's mini-batch of {mini} samples a GPU", file=sys.stderr)
         return 2
@@ -218,12 +218,6 @@ def main(argv: list[str] | None = None) -> int:
                                        f"    {head['command']}\n\n" + table(results))
     print(table(results))
     return 0 if all("error" not in x for x in results.values()) else 1
-
-
-def _mini_batch_per_gpu(r: PeerRecipe) -> int:
-    """Samples of one mini-batch on one GPU: what a micro-batch must divide."""
-    v = r.values()
-    return int(v["actor_rollout_ref.actor.ppo_mini_batch_size"]) * int(v["actor_rollout_ref.rollout.n"]) // r.gpus
 
 
 if __name__ == "__main__":

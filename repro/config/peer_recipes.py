@@ -50,6 +50,11 @@ class PeerRecipe:
         """Key -> value of :meth:`keys`, the last one winning."""
         return dict(k.split("=", 1) for k in self.keys())
 
+    def mini_batch_per_gpu(self) -> int:
+        """Samples of one mini-batch on one GPU: what a micro-batch must divide."""
+        v = self.values()
+        return int(v["actor_rollout_ref.actor.ppo_mini_batch_size"]) * int(v["actor_rollout_ref.rollout.n"]) // self.gpus
+
 
 RECIPES = {
     "tiny": PeerRecipe(
