@@ -16,6 +16,10 @@
 #                                            # $REPRO_OUTPUTS_DIR/peers; `peers collect` writes the table of all peers there
 #                                            # (TRL_SITE: the folder holding TRL's wheels, kept off verl's path:
 #                                            # verl's FSDP worker imports TRL whenever it can, and TRL 1.16 breaks it)
+#   bash scripts/seed_scale.sh verl ENGINE ZERO STEPS NAME [KEY=VALUE ...]  # verl's own trainer on the seed recipe
+#                                            # (python -m repro.integrations.verl.e2e --recipe seed --engine ENGINE: deepspeed
+#                                            # is repro's engine, dp verl's FSDP2) into $REPRO_OUTPUTS_DIR/verl/NAME; extra keys are
+#                                            # verl's (trainer.n_gpus_per_node=1 for dp=1, ...deepspeed.ulysses_sequence_parallel_size=2)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -23,6 +27,8 @@
 # Each phase stops itself (SIGTERM, then SIGKILL 20 s later) well inside the device's 600 s call limit: a
 # command cut by that limit loses the machine and everything under /tmp. DEADLINE (epoch seconds) shortens
 # each phase's limit so that phases chained in one command all end by then.
+# TRACE=NAME on any phase: every collective of the run's ranks is traced in check mode (REPRO_COLLECTIVES_CHECK,
+# default every) into $REPRO_OUTPUTS_DIR/trace_NAME; its `analyze` report is kept as $OUT/trace_NAME.txt.
 # Expects the project on PYTHONPATH with DeepSpeed, Ray, Hydra and vLLM importable (shared wheels), and $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +38,11 @@ export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 \
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" "$REPRO_OUTPUTS_DIR"
 PY=${PY:-python3}
 [ -n "${GPUS:-}" ] && export CUDA_VISIBLE_DEVICES=$GPUS
+if [ -n "${TRACE:-}" ]; then
+  # repro's init_distributed installs the trace from these in every rank (Ray's workers inherit them).
+  export REPRO_COLLECTIVES_TRACE=$REPRO_OUTPUTS_DIR/trace_$TRACE REPRO_COLLECTIVES_CHECK=${TRACE_CHECK:-every}
+  trap '$PY -m repro.collectives_trace analyze "$REPRO_COLLECTIVES_TRACE" > "$OUT/trace_$TRACE.txt" 2>&1; echo "trace $TRACE analyze rc=$?"; tail -2 "$OUT/trace_$TRACE.txt"' EXIT
+fi
 limit() {  # seconds this phase may run: its default, or less so that it ends by $DEADLINE
   local want=$1
   if [ -n "${DEADLINE:-}" ]; then local left=$(( DEADLINE - $(date +%s) - 25 )); [ "$left" -lt "$want" ] && want=$left; fi
@@ -102,6 +113,12 @@ case "${1:-}" in
       --timeout $(( lim - 30 )) --trl-pythonpath "${TRL_SITE:-}" >> "$OUT/peers_$peer.log" 2>&1
     echo "peers $peer rc=$?"; tail -2 "$OUT/peers_$peer.log"; keep "$dir/$peer" "peers_$peer"
     ;;
+  verl)
+    engine=${2:?deepspeed or dp}; zero=${3:?zero stage}; steps=${4:?steps}; name=${5:?run name}; dir=$REPRO_OUTPUTS_DIR/verl/$name
+    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.integrations.verl.e2e --recipe seed --engine "$engine" \
+      --zero-stage "$zero" --steps "$steps" --run-dir "$dir" "${@:6}" >> "$OUT/verl_$name.log" 2>&1
+    echo "verl $name rc=$?"; tail -2 "$OUT/verl_$name.log"; keep "$dir" "verl_$name"
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -110,5 +127,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|verl ENGINE ZERO STEPS NAME|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
