@@ -9,7 +9,8 @@
 #   bash scripts/seed_scale.sh six CASES STEPS [SEED] [KEY=VALUE ...]  # python -m repro.bench six-case on -cn grpo_0p6b
 #                                            # (validation off unless VAL=1: the bench compares memory, speed and score)
 #   bash scripts/seed_scale.sh four ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the seed's dp x sp layout example
-#                                            # (mini-batch 128, micro 16, token budgets off; SP=1 is dp=4, SP=2 is dp=2 x sp=2)
+#                                            # (mini-batch 128, micro 16 for the update and the log-prob pass, token budgets off;
+#                                            # SP=1 is dp=4, SP=2 is dp=2 x sp=2; results/4gpu/ ran it with log-prob micro 1)
 #   bash scripts/seed_scale.sh sp ZERO SP STEPS [KEY=VALUE ...]  # 2 GPUs: the preset with Ulysses sp=SP (dp = 2 / SP),
 #                                            # data and trainer seed 1, validation off (as the six-case runs)
 #   bash scripts/seed_scale.sh peers PEER STEPS   # python -m repro.bench.peers --recipe seed (2 GPUs) for one peer into
@@ -89,6 +90,7 @@ case "${1:-}" in
       actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
       data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=128 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
       actor_rollout_ref.actor.use_dynamic_bsz=False actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False \
+      actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
       trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
       trainer.output_dir="$dir" "${@:5}" >> "$OUT/four_zero${zero}_sp$sp.log" 2>&1
     echo "four zero$zero sp$sp rc=$?"; tail -3 "$OUT/four_zero${zero}_sp$sp.log"; keep "$dir" "four_zero${zero}_sp$sp"

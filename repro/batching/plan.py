@@ -6,8 +6,10 @@ The rules (docs/config.md, "Batch semantics"):
 - One step has ``data.train_batch_size * rollout.n`` samples; a mini-batch has
   ``ppo_mini_batch_size * rollout.n`` samples. Both are split across the ``dp`` groups exactly
   once: a rank's mini-batch is ``mini_batch_samples // dp`` and is never divided by ``dp`` again.
-- ``GAS = per_rank_mini / ppo_micro_batch_size_per_gpu`` and DeepSpeed gets
-  ``train_batch_size = micro * GAS * dp * sp`` (DeepSpeed counts every rank, SP ranks included).
+- ``GAS = per_rank_mini / ppo_micro_batch_size_per_gpu``; the plan's ``train_batch_size`` is
+  ``micro * GAS * dp * sp`` (the seed's arithmetic: every rank counted, SP ranks included). DeepSpeed
+  itself is given ``micro * GAS * dp`` when ``sp > 1`` (``repro.config.ds_config``): with repro's SP
+  mpu its batch check counts data-parallel ranks only, and an SP group's ranks share its samples.
 - With dynamic (token-budget) micro-batches the sample-count micro-batch and GAS are nominal
   (1 and 1): the worker marks the accumulation boundary itself and normalises the loss by the
   real token or micro-batch count.
@@ -48,7 +50,7 @@ class RoleBatchPlan:
     gas: int
     """Gradient-accumulation steps per mini-batch (1, nominal, when dynamic)."""
     train_batch_size: int
-    """micro * gas * dp * sp, DeepSpeed's train_batch_size."""
+    """micro * gas * dp * sp (every rank counted); DeepSpeed's own is this / sp (``repro.config.ds_config``)."""
     num_mini_batches: int
     """Optimizer steps per RL step and epoch."""
     dynamic: bool
