@@ -177,6 +177,31 @@ def test_deleting_keys_is_refused():
         load(["~trainer.logger"])
 
 
+# The seed's 4-GPU keys (results/4gpu/README.md) on the 0.6B preset: token budgets off, update micro 16.
+FOUR_GPU_KEYS = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                 "data.train_batch_size=128", "actor_rollout_ref.actor.ppo_mini_batch_size=128",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "actor_rollout_ref.actor.use_dynamic_bsz=False",
+                 "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False", "trainer.dry_run=true"]
+
+
+def _log_prob_notes(overrides):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConfigWarning)
+        load_config(list(overrides), config_name="grpo_0p6b", environ={})
+    return [str(w.message) for w in caught if "log-prob pass" in str(w.message)]
+
+
+def test_a_log_prob_micro_batch_below_the_updates_is_named_with_the_value_to_set():
+    # The preset's nominal log-prob micro-batch of 1 (its token budget decides) is inherited when the
+    # budgets go off: one sample a forward, 66% of a dp=2 x sp=2 step on 4 H100s.
+    (note,) = _log_prob_notes(FOUR_GPU_KEYS)
+    assert note.startswith("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1 with ")
+    assert "set it to 16 or more" in note
+    assert _log_prob_notes([*FOUR_GPU_KEYS, "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16"]) == []
+    assert _log_prob_notes([*FOUR_GPU_KEYS, "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True"]) == []
+    assert _log_prob_notes(["trainer.dry_run=true"]) == []  # the preset as it is: token budgets on
+
+
 def test_no_effect_keys_warn_once_each():
     _, notes = load(
         [
