@@ -17,6 +17,8 @@
 #                                            # $REPRO_OUTPUTS_DIR/peers; `peers collect` writes the table of all peers there
 #                                            # (TRL_SITE: the folder holding TRL's wheels, kept off verl's path:
 #                                            # verl's FSDP worker imports TRL whenever it can, and TRL 1.16 breaks it)
+#   bash scripts/seed_scale.sh abba PEER_A PEER_B STEPS  # two peers in both orders (A B, then B A), each round into its own
+#                                            # $REPRO_OUTPUTS_DIR/roundN/peers (and $OUT/roundN), each round's table collected
 #   bash scripts/seed_scale.sh verl ENGINE ZERO STEPS NAME [KEY=VALUE ...]  # verl's own trainer on the seed recipe
 #                                            # (python -m repro.integrations.verl.e2e --recipe seed --engine ENGINE: deepspeed
 #                                            # is repro's engine, dp verl's FSDP2) into $REPRO_OUTPUTS_DIR/verl/NAME; extra keys are
@@ -115,6 +117,13 @@ case "${1:-}" in
       --timeout $(( lim - 30 )) --trl-pythonpath "${TRL_SITE:-}" >> "$OUT/peers_$peer.log" 2>&1
     echo "peers $peer rc=$?"; tail -2 "$OUT/peers_$peer.log"; keep "$dir/$peer" "peers_$peer"
     ;;
+  abba)
+    a=${2:?peer A}; b=${3:?peer B}; steps=${4:?steps}; base=$REPRO_OUTPUTS_DIR
+    for spec in 1:$a 1:$b 2:$b 2:$a; do
+      REPRO_OUTPUTS_DIR=$base/round${spec%%:*} OUT=$OUT/round${spec%%:*} bash scripts/seed_scale.sh peers "${spec#*:}" "$steps"
+    done
+    for r in 1 2; do REPRO_OUTPUTS_DIR=$base/round$r OUT=$OUT/round$r bash scripts/seed_scale.sh peers collect; done
+    ;;
   verl)
     engine=${2:?deepspeed or dp}; zero=${3:?zero stage}; steps=${4:?steps}; name=${5:?run name}; dir=$REPRO_OUTPUTS_DIR/verl/$name
     timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.integrations.verl.e2e --recipe seed --engine "$engine" \
@@ -129,5 +138,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|verl ENGINE ZERO STEPS NAME|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
