@@ -39,11 +39,11 @@ def built(cmd):
     return _BUILT[cmd.name]
 
 
-def load(overrides, environ=None):
+def load(overrides, environ=None, config_name="ppo_trainer"):
     """load_config, returning (cfg, warning messages)."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConfigWarning)
-        cfg = load_config(list(overrides), environ={} if environ is None else environ)
+        cfg = load_config(list(overrides), config_name=config_name, environ={} if environ is None else environ)
     return cfg, [str(w.message) for w in caught if issubclass(w.category, ConfigWarning)]
 
 
@@ -185,10 +185,8 @@ FOUR_GPU_KEYS = ["trainer.n_gpus_per_node=4", "actor_rollout_ref.actor.ulysses_s
 
 
 def _log_prob_notes(overrides):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConfigWarning)
-        load_config(list(overrides), config_name="grpo_0p6b", environ={})
-    return [str(w.message) for w in caught if "log-prob pass" in str(w.message)]
+    _, notes = load(overrides, config_name="grpo_0p6b")
+    return [n for n in notes if "log-prob pass" in n]
 
 
 def test_a_log_prob_micro_batch_below_the_updates_is_named_with_the_value_to_set():
