@@ -74,7 +74,7 @@ def headline(d: Divergence) -> str:
             state = "; that call never returned" if last.t_end is None else ""
         return (
             f"Rank {d.rank_b} never issued {a.op} (rank {d.rank_a}'s call #{a.group_seq} on {grp}); "
-            f"rank {d.rank_b}'s record ends with {_last(last)}{state}"
+            f"rank {d.rank_b}'s record ends with {_last(last)}{state}{_one_call_ahead(d)}"
         )
     if d.kind == "timeout":
         who = ", ".join(str(r) for r in (d.missing_ranks or [d.rank_b]))
@@ -116,6 +116,25 @@ def headline(d: Divergence) -> str:
         )
         return f"Rank {d.rank_a}'s {a.short()} at {a.site} never returned; {tail}"
     raise AssertionError(f"unknown divergence kind {d.kind}")
+
+
+def _one_call_ahead(d: Divergence) -> str:
+    """What the records of a job stopped from outside look like, said where they look exactly so.
+
+    A time limit or a kill ends the ranks wherever they are: one rank already waits in the next
+    collective while its peer, whose last call returned, has not reached it yet. The records alone
+    cannot tell that from a peer that never comes (a hang ends the same way once someone stops it),
+    so the report names both readings and what tells them apart: whether the job was stopped.
+    """
+    a, last = d.call_a, d.last_b
+    if (len(d.extra_calls) != 1 or a is None or a.t_end is not None or last is None or last.t_end is None
+            or last.group != a.group or last.group_seq is None or a.group_seq != last.group_seq + 1):
+        return ""
+    return (
+        f". Rank {d.rank_a} is one call ahead and waits in it while rank {d.rank_b}'s last call returned: where a job "
+        f"stopped from outside (a time limit, Ctrl-C, a kill) found its ranks looks exactly like this; had the job not "
+        f"been stopped, rank {d.rank_b} is the one that never came: look at what it did after that call"
+    )
 
 
 _DDP_SETTING = re.compile(r"(find_unused_parameters|static_graph|bucket_cap_mb)=([^,;)]+)")

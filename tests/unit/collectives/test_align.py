@@ -58,6 +58,23 @@ def test_rank_whose_record_ends_is_reported_as_stopped_with_its_last_call():
     assert "never returned" in headline(d)
 
 
+def test_a_rank_one_call_ahead_of_a_peer_whose_last_call_returned_reads_as_a_stop_or_a_hang():
+    # As a time limit left a traced 4-GPU run (results/4gpu/README.md): rank 0 waits in the next call.
+    a = trace(0, [AR4, BC4, AR4])
+    a.calls[-1].t_end = None
+    d = first_divergence({0: a, 1: trace(1, [AR4, BC4])})
+    assert d.kind == "stopped"
+    text = headline(d)
+    assert "Rank 0 is one call ahead" in text and "stopped from outside" in text and "rank 1 is the one" in text
+    # Not so when the peer's own last call is still open, or when the rank is more than one call ahead.
+    b = trace(1, [AR4, BC4])
+    b.calls[-1].t_end = None
+    assert "one call ahead" not in headline(first_divergence({0: a, 1: b}))
+    far = trace(0, [AR4, BC4, AR4, BC4])
+    far.calls[-1].t_end = None
+    assert "one call ahead" not in headline(first_divergence({0: far, 1: trace(1, [AR4, BC4])}))
+
+
 def test_divergence_far_beyond_the_alignment_window_is_found():
     n = 3 * WINDOW + 7
     a = trace(0, [AR4] * n + [AR1])
