@@ -1,0 +1,50 @@
+"""``scripts/seed_scale.sh``: the device runs' phases compose, on CPU, into the configs they claim.
+
+A key misspelt in a phase costs a device session (minutes of a lent GPU machine and its set-up); here
+each phase that builds a ``repro.main_ppo`` command runs it as a dry run (``trainer.dry_run=true``,
+passed through as one of the phase's extra keys) and the printed plan is read back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _phase(tmp_path: Path, *args: str) -> tuple[dict, str]:
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
+               PYTHONPATH=str(ROOT))
+    env.pop("GPUS", None)
+    env.pop("TRACE", None)
+    proc = subprocess.run(["bash", "scripts/seed_scale.sh", *args, "trainer.dry_run=true"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (log,) = out.glob("*.log")
+    text = log.read_text()
+    plan = json.loads(next(line for line in reversed(text.splitlines()) if line.startswith("{")))
+    return plan, text
+
+
+@pytest.mark.parametrize("sp", [1, 2])
+def test_the_four_gpu_phase_is_the_seeds_layout_with_the_log_prob_pass_at_the_update_micro_batch(tmp_path, sp):
+    plan, text = _phase(tmp_path, "four", "2", str(sp), "20")
+    batch, rollout = plan["batch"]["actor"], plan["config"]["actor_rollout_ref"]["rollout"]
+    assert (batch["world"], batch["sp"], batch["dp"], batch["micro"]) == (4, sp, 4 // sp, 16)
+    assert plan["actor"]["deepspeed"]["train_batch_size"] == 512  # 128 prompts x n=4: micro x GAS x dp
+    assert rollout["log_prob_micro_batch_size_per_gpu"] == 16 and not rollout["log_prob_use_dynamic_bsz"]
+    assert "log-prob pass" not in text  # the loader's warning of results/4gpu's first runs
+
+
+def test_the_sp_phase_is_the_preset_at_sp_on_two_gpus(tmp_path):
+    plan, _ = _phase(tmp_path, "sp", "2", "2", "10")
+    batch = plan["batch"]["actor"]
+    assert (batch["world"], batch["sp"], batch["dp"]) == (2, 2, 1)
+    assert plan["config"]["trainer"]["total_training_steps"] == 10
