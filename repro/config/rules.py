@@ -88,8 +88,7 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             "sample, so (as in verl) its advantage is its raw score, without a baseline; use rollout.n >= 2"
         )
 
-    for role in ("actor", "critic") if use_critic else ("actor",):
-        plan_role_batch(cfg, role)
+    plans = {role: plan_role_batch(cfg, role) for role in (("actor", "critic") if use_critic else ("actor",))}
 
     check_inactive_skip(cfg, cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes)
 
@@ -125,18 +124,17 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
 
     notes += _check_paths(cfg, use_critic, dry)
     notes += _no_effect_notes(cfg)
-    notes += _log_prob_micro_notes(cfg)
+    notes += _log_prob_micro_notes(cfg, plans["actor"])
     return notes
 
 
-def _log_prob_micro_notes(cfg: RunConfig) -> list[str]:
+def _log_prob_micro_notes(cfg: RunConfig, update: RoleBatchPlan) -> list[str]:
     """A fixed log-prob micro-batch below the update's: the forward-only pass is cut finer than the update.
 
     A preset tuned for token budgets carries a nominal micro-batch of 1 (the budget decides); a user who
     turns the budgets off inherits it. Measured so on 4 H100s (results/4gpu/README.md): the seed's dp=2 x
     sp=2 keys with the log-prob pass at 1 sample a forward, 66% of the step against the update's 22%.
     """
-    update = plan_role_batch(cfg, "actor")
     if update.dynamic:
         return []
     arr, notes = cfg.actor_rollout_ref, []

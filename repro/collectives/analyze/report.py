@@ -132,8 +132,8 @@ def _one_call_ahead(d: Divergence) -> str:
         return ""
     return (
         f". Rank {d.rank_a} is one call ahead and waits in it while rank {d.rank_b}'s last call returned: where a job "
-        f"stopped from outside (a time limit, Ctrl-C, a kill) found its ranks looks exactly like this; had the job not "
-        f"been stopped, rank {d.rank_b} is the one that never came: look at what it did after that call"
+        f"stopped from outside (a time limit, Ctrl-C, a kill) found its ranks looks exactly like this; if nothing "
+        f"stopped the job, rank {d.rank_b} is the one that never came: look at what it did after that call"
     )
 
 
