@@ -187,10 +187,24 @@ def first_divergence(traces: dict[int, RankTrace], context: int = 3) -> Divergen
     return min(found, key=lambda d: d.call_a.t if d.call_a else float("inf"))
 
 
+def _function(site: str) -> tuple[str, str]:
+    """``(file, function)`` of a ``path:line function`` site."""
+    path, _, rest = site.rpartition(":")
+    return path, rest.partition(" ")[2]
+
+
+def _root_and_peer(x: CallRecord, y: CallRecord) -> bool:
+    """A rooted collective that its root issued from one line and a non-root rank from another line of
+    the same function: the usual ``if rank == root: send else: receive`` shape (vLLM's
+    ``in_the_same_node_as`` broadcasts so on every job), which a note would flag on every run."""
+    return x.root is not None and (x.rank == x.root) != (y.rank == y.root) and _function(x.site) == _function(y.site)
+
+
 def first_site_difference(traces: dict[int, RankTrace]) -> str | None:
     """A note, not a divergence: the first agreeing collective that two ranks issued from different lines.
 
-    Legitimate in rank-dependent code, but worth a look when a job misbehaves without diverging.
+    Legitimate in rank-dependent code, but worth a look when a job misbehaves without diverging. A root
+    and a non-root rank in two branches of one function are not noted (:func:`_root_and_peer`).
     """
     by_group: dict[str, dict[int, list[CallRecord]]] = {}
     for r, t in traces.items():
@@ -201,7 +215,7 @@ def first_site_difference(traces: dict[int, RankTrace]) -> str | None:
         ranks = sorted(seqs)
         for other in ranks[1:]:
             for x, y in zip(seqs[ranks[0]], seqs[other], strict=False):
-                if x.fingerprint() == y.fingerprint() and x.site != y.site:
+                if x.fingerprint() == y.fingerprint() and x.site != y.site and not _root_and_peer(x, y):
                     return (
                         f"Note: call #{x.group_seq} on group {group} ({x.short()}) came from {x.site} on rank "
                         f"{ranks[0]} but from {y.site} on rank {other}"

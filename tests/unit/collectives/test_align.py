@@ -104,3 +104,24 @@ def test_identical_calls_from_different_lines_are_noted_not_reported():
     note = first_site_difference(traces)
     assert "call #2 on group 0" in note and "a.py:3 f on rank 0" in note and "b.py:9 g on rank 1" in note
     assert first_site_difference({0: trace(0, [AR4]), 1: trace(1, [AR4])}) is None
+
+
+def test_a_root_and_its_peers_in_two_branches_of_one_function_are_not_noted():
+    from dataclasses import replace
+
+    from repro.collectives.analyze.align import first_site_difference
+
+    def rooted(rank: int, site: str, root: int = 0):
+        t = trace(rank, [AR4, ("broadcast", 4, site)])
+        t.calls[1] = replace(t.calls[1], root=root)
+        return t
+
+    # vLLM's in_the_same_node_as: the root broadcasts on one line, the others receive on another.
+    same_function = {0: rooted(0, "vllm/parallel_state.py:2158 in_the_same_node_as"),
+                     1: rooted(1, "vllm/parallel_state.py:2168 in_the_same_node_as")}
+    assert first_divergence(same_function) is None and first_site_difference(same_function) is None
+    # Still noted: a root and a peer in two functions, and an unrooted collective on two lines of one function.
+    two_functions = {0: rooted(0, "a.py:3 send"), 1: rooted(1, "a.py:9 receive")}
+    assert "a.py:3 send on rank 0" in first_site_difference(two_functions)
+    unrooted = {0: trace(0, [AR4, ("all_reduce", 4, "a.py:3 f")]), 1: trace(1, [AR4, ("all_reduce", 4, "a.py:5 f")])}
+    assert "a.py:3 f on rank 0" in first_site_difference(unrooted)
