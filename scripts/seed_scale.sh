@@ -11,6 +11,8 @@
 #   bash scripts/seed_scale.sh four ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the seed's dp x sp layout example
 #                                            # (mini-batch 128, micro 16 for the update and the log-prob pass, token budgets off;
 #                                            # SP=1 is dp=4, SP=2 is dp=2 x sp=2; results/4gpu/ ran it with log-prob micro 1)
+#                                            # RUN_NAME=... names its run folder and files (default four_zeroZERO_spSP): a
+#                                            # variant (LoRA, ZeRO-3 knobs) gets its own, not the plain run's to resume
 #   bash scripts/seed_scale.sh sp ZERO SP STEPS [KEY=VALUE ...]  # 2 GPUs: the preset with Ulysses sp=SP (dp = 2 / SP),
 #                                            # data and trainer seed 1, validation off (as the six-case runs)
 #   bash scripts/seed_scale.sh peers PEER STEPS   # python -m repro.bench.peers --recipe seed (2 GPUs) for one peer into
@@ -87,23 +89,23 @@ case "${1:-}" in
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
   four)
-    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; dir=$REPRO_OUTPUTS_DIR/four_zero${zero}_sp$sp
+    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; name=${RUN_NAME:-four_zero${zero}_sp$sp}; dir=$REPRO_OUTPUTS_DIR/$name
     timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.n_gpus_per_node=4 \
       actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
       data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=128 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
       actor_rollout_ref.actor.use_dynamic_bsz=False actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False \
       actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
       trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
-      trainer.output_dir="$dir" "${@:5}" >> "$OUT/four_zero${zero}_sp$sp.log" 2>&1
-    echo "four zero$zero sp$sp rc=$?"; tail -3 "$OUT/four_zero${zero}_sp$sp.log"; keep "$dir" "four_zero${zero}_sp$sp"
+      trainer.output_dir="$dir" "${@:5}" >> "$OUT/$name.log" 2>&1
+    echo "$name rc=$?"; tail -3 "$OUT/$name.log"; keep "$dir" "$name"
     ;;
   sp)
-    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; dir=$REPRO_OUTPUTS_DIR/sp${sp}_zero${zero}_s1
+    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; name=${RUN_NAME:-sp${sp}_zero$zero}; dir=$REPRO_OUTPUTS_DIR/${name}_s1
     timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.seed=1 data.seed=1 \
       actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
       trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
-      trainer.resume_mode=disable trainer.output_dir="$dir" "${@:5}" >> "$OUT/sp${sp}_zero$zero.log" 2>&1
-    echo "sp$sp zero$zero rc=$?"; tail -3 "$OUT/sp${sp}_zero$zero.log"; keep "$dir" "sp${sp}_zero$zero"
+      trainer.resume_mode=disable trainer.output_dir="$dir" "${@:5}" >> "$OUT/$name.log" 2>&1
+    echo "$name rc=$?"; tail -3 "$OUT/$name.log"; keep "$dir" "$name"
     ;;
   peers)
     peer=${2:?peer or collect}; dir=$REPRO_OUTPUTS_DIR/peers

@@ -18,12 +18,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _phase(tmp_path: Path, *args: str) -> tuple[dict, str]:
+def _phase(tmp_path: Path, *args: str, **env_vars: str) -> tuple[dict, str]:
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
                PYTHONPATH=str(ROOT))
-    env.pop("GPUS", None)
-    env.pop("TRACE", None)
+    for knob in ("GPUS", "TRACE", "RUN_NAME", "DEADLINE"):
+        env.pop(knob, None)
+    env.update(env_vars)
     proc = subprocess.run(["bash", "scripts/seed_scale.sh", *args, "trainer.dry_run=true"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -48,3 +49,12 @@ def test_the_sp_phase_is_the_preset_at_sp_on_two_gpus(tmp_path):
     batch = plan["batch"]["actor"]
     assert (batch["world"], batch["sp"], batch["dp"]) == (2, 2, 1)
     assert plan["config"]["trainer"]["total_training_steps"] == 10
+
+
+def test_a_named_four_gpu_variant_gets_its_own_run_folder(tmp_path):
+    """A LoRA run beside the plain one: its own folder and log, not the plain run's checkpoint to resume."""
+    plan, _ = _phase(tmp_path, "four", "2", "2", "20", "actor_rollout_ref.model.lora_rank=8",
+                     RUN_NAME="four_lora8_zero2_sp2")
+    assert plan["config"]["trainer"]["output_dir"] == str(tmp_path / "routs" / "four_lora8_zero2_sp2")
+    assert plan["config"]["actor_rollout_ref"]["model"]["lora_rank"] == 8
+    assert [p.name for p in (tmp_path / "out").glob("*.log")] == ["four_lora8_zero2_sp2.log"]
