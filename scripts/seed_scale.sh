@@ -25,6 +25,8 @@
 #                                            # (python -m repro.integrations.verl.e2e --recipe seed --engine ENGINE: deepspeed
 #                                            # is repro's engine, dp verl's FSDP2) into $REPRO_OUTPUTS_DIR/verl/NAME; extra keys are
 #                                            # verl's (trainer.n_gpus_per_node=1 for dp=1, ...deepspeed.ulysses_sequence_parallel_size=2)
+#   bash scripts/seed_scale.sh vfour ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the four phase's keys in verl's trainer with
+#                                            # repro's engine (the verl phase; vLLM eager; run folder vfour_zeroZERO_spSP)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -59,6 +61,11 @@ keep() {  # the files a run leaves, in one archive (a device command brings back
   cp "$dir"/summary.tsv "$OUT/$name.summary.tsv" 2>/dev/null
   true
 }
+# The seed's 4-GPU example keys (mini-batch 128, micro 16 for the update and the log-prob pass, token budgets off):
+# one list for repro's trainer (four) and verl's with repro's engine (vfour).
+FOUR_KEYS=(trainer.n_gpus_per_node=4 data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=128
+  actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 actor_rollout_ref.actor.use_dynamic_bsz=False
+  actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16)
 case "${1:-}" in
   build)
     { nvidia-smi --query-gpu=name,memory.total --format=csv; $PY -c 'import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)'; } > "$OUT/versions.txt" 2>&1
@@ -90,11 +97,8 @@ case "${1:-}" in
     ;;
   four)
     zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}; name=${RUN_NAME:-four_zero${zero}_sp$sp}; dir=$REPRO_OUTPUTS_DIR/$name
-    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b trainer.n_gpus_per_node=4 \
+    timeout -k 20 "$(limit "${RUN_TIMEOUT:-540}")" $PY -m repro.main_ppo -cn grpo_0p6b "${FOUR_KEYS[@]}" \
       actor_rollout_ref.actor.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.actor.deepspeed.zero_stage="$zero" \
-      data.train_batch_size=128 actor_rollout_ref.actor.ppo_mini_batch_size=128 actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16 \
-      actor_rollout_ref.actor.use_dynamic_bsz=False actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=False \
-      actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \
       trainer.total_training_steps="$steps" trainer.val_before_train=False trainer.test_freq=-1 trainer.progress=plain \
       trainer.output_dir="$dir" "${@:5}" >> "$OUT/$name.log" 2>&1
     echo "$name rc=$?"; tail -3 "$OUT/$name.log"; keep "$dir" "$name"
@@ -132,6 +136,13 @@ case "${1:-}" in
       --zero-stage "$zero" --steps "$steps" --run-dir "$dir" "${@:6}" >> "$OUT/verl_$name.log" 2>&1
     echo "verl $name rc=$?"; tail -2 "$OUT/verl_$name.log"; keep "$dir" "verl_$name"
     ;;
+  vfour)
+    # verl's own start-up (Ray, four vLLM servers) took over 4 minutes with CUDA-graph capture (results/4gpu/):
+    # eager vLLM here, so that a 540 s call holds the steps.
+    zero=${2:?zero stage}; sp=${3:?sp}; steps=${4:?steps}
+    bash scripts/seed_scale.sh verl deepspeed "$zero" "$steps" "${RUN_NAME:-vfour_zero${zero}_sp$sp}" "${FOUR_KEYS[@]}" \
+      actor_rollout_ref.actor.deepspeed.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.rollout.enforce_eager=True "${@:5}"
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -140,5 +151,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
