@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _phase(tmp_path: Path, *args: str, **env_vars: str) -> tuple[dict, str]:
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=str(ROOT), REPRO_CACHE_DIR=str(tmp_path / "cache"))
     for knob in ("GPUS", "TRACE", "RUN_NAME", "DEADLINE"):
         env.pop(knob, None)
     env.update(env_vars)

@@ -124,7 +124,7 @@ def _vfour_config(tmp_path):
     root = Path(__file__).resolve().parents[3]
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
-               PYTHONPATH=str(root), PYTHONWARNINGS="ignore")
+               PYTHONPATH=str(root), PYTHONWARNINGS="ignore", REPRO_CACHE_DIR=str(tmp_path / "cache"))
     for knob in ("GPUS", "TRACE", "RUN_NAME", "DEADLINE"):
         env.pop(knob, None)
     proc = subprocess.run(["bash", "scripts/seed_scale.sh", "vfour", "2", "2", "15", "--print-config"],
