@@ -28,14 +28,14 @@ def test_a_profiled_step_writes_the_operators_it_ran_with_their_call_counts(tmp_
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
 
 
-def test_the_profiler_refuses_a_stop_without_a_start_and_a_second_start() -> None:
-    prof = StepProfiler("unused", rank=0)
+def test_the_profiler_refuses_a_stop_without_a_start_and_a_second_start(tmp_path: Path) -> None:
+    prof = StepProfiler(tmp_path, rank=0)
     with pytest.raises(RuntimeError, match="without a start"):
         prof.stop()
     prof.start(1)
     with pytest.raises(RuntimeError, match="step 1 still running when step 2 starts"):
         prof.start(2)
-    prof._prof.__exit__(None, None, None)
+    prof.stop()
 
 
 @pytest.mark.parametrize("steps", ["[0]", "[2,-1]"])
