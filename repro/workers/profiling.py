@@ -10,7 +10,8 @@ Phase labels (issue 35; read back by ``repro.bench.profile_phases``). While a pr
 
 - the models given to :meth:`StepProfiler.start` carry forward pre/post hooks that open and close a
   ``repro::<phase>`` ``record_function`` range around each attention block (``*.self_attn``), MLP
-  (``*.mlp``), ``lm_head``, embedding (``nn.Embedding``) and norm (a class named ``*Norm*``); the
+  (``*.mlp``), ``lm_head``, embedding (``nn.Embedding``) and norm (a class named ``*Norm*``; a
+  ``*Rotary*`` one counts as attention); the
   hooks are removed by :meth:`StepProfiler.stop`. The pre-hook is registered last and the post-hook
   first, so DeepSpeed ZeRO-3's own hooks (parameter fetch before, release after) stay outside
   the range: their time is the parent's. A recomputed forward (activation checkpointing) calls
@@ -59,6 +60,8 @@ def module_phase(name: str, module: torch.nn.Module) -> str | None:
         return "embedding"
     if "Norm" in type(module).__name__:
         return "norm"
+    if "Rotary" in type(module).__name__:  # the positions' cos / sin, computed for the attention blocks
+        return "attention"
     return None
 
 
