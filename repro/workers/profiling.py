@@ -9,10 +9,10 @@ microseconds each) and ``step<N>_rank<R>.trace.json`` (Chrome / Perfetto).
 Phase labels (issue 35; read back by ``repro.bench.profile_phases``). While a profiler runs:
 
 - the models given to :meth:`StepProfiler.start` carry forward pre/post hooks that open and close a
-  ``repro::<phase>`` ``record_function`` range around each attention block (``*.self_attn``), MLP
-  (``*.mlp``), ``lm_head``, embedding (``nn.Embedding``) and norm (a class named ``*Norm*``; a
-  ``*Rotary*`` one counts as attention); the
-  hooks are removed by :meth:`StepProfiler.stop`. The pre-hook is registered last and the post-hook
+  ``repro::<phase>`` ``record_function`` range around each attention block (``*.self_attn``; a
+  ``*Rotary*`` module counts as attention), MLP (``*.mlp``), ``lm_head``, embedding
+  (``nn.Embedding``) and norm (a class named ``*Norm*``); the hooks are removed by
+  :meth:`StepProfiler.stop`. The pre-hook is registered last and the post-hook
   first, so DeepSpeed ZeRO-3's own hooks (parameter fetch before, release after) stay outside
   the range: their time is the parent's. A recomputed forward (activation checkpointing) calls
   the same modules during backward, so it opens the same ranges there;
