@@ -24,6 +24,9 @@ Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
 
     python -m repro.bench.rmpad --shape qwen3-0.6b --out results/rmpad/table.tsv   # 1 GPU
     python -m repro.bench.rmpad --shape tiny --prompt 32 --response 32 --min-response 4 --steps 1  # CPU smoke run
+
+``--profile DIR`` adds one update per case under torch.profiler: ``DIR/<case>_<round>/`` gets its
+trace and ``phases.md``, the time per phase beside each phase's ideal (:mod:`repro.bench.profile_phases`).
 """
 
 from __future__ import annotations
@@ -122,13 +125,7 @@ def _child(args: argparse.Namespace) -> None:
         _sync()
         times.append(time.perf_counter() - start)
     if args.profile:
-        from repro.workers.profiling import StepProfiler
-
-        # One more update under the profiler, after the timed ones: the figures stay unprofiled.
-        profiler = StepProfiler(Path(args.profile) / Path(args.result).stem, rank=0)  # <case>_<round>
-        profiler.start(args.warmup + args.steps + 1)
-        worker.update_policy(batch)
-        profiler.stop()
+        _profile(args, worker, batch)
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
     row = {
@@ -138,6 +135,29 @@ def _child(args: argparse.Namespace) -> None:
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
     }
     Path(args.result).write_text(json.dumps(row))
+
+
+def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
+    """One more update under the profiler, after the timed ones (the figures stay unprofiled); beside
+    its trace, ``<stem>.shape.json`` (the model shape and the batch's token counts) and ``phases.md``
+    (:mod:`repro.bench.profile_phases`: time per phase beside its ideal at the device's peak)."""
+    from repro.bench import profile_phases
+    from repro.rl.mfu import device_name, device_peak_flops
+    from repro.workers.profiling import StepProfiler
+
+    profiler = StepProfiler(Path(args.profile) / Path(args.result).stem, rank=0)  # <case>_<round>
+    profiler.start(args.warmup + args.steps + 1, models=[worker.engine.module])
+    worker.update_policy(batch)
+    profiler.stop()
+    lengths = batch["attention_mask"].sum(1).tolist()
+    meta = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
+            "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum())}
+    trace = profiler.stem.with_suffix(".trace.json")
+    profile_phases.meta_path(trace).write_text(json.dumps(meta, indent=1) + "\n")
+    peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
+    text = profile_phases.report(trace, meta, peak)
+    (profiler.out_dir / "phases.md").write_text(f"{args.case}, {profiler.stem.name}\n\n{text}")
+    print(text, flush=True)
 
 
 def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path, rnd: int) -> dict:
@@ -170,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--budget", type=int, default=0,
                         help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
-    parser.add_argument("--profile", default="", help="folder: one more update per case under torch.profiler")
+    parser.add_argument("--profile", default="",
+                        help="folder: one more update per case under torch.profiler, and its phases.md")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")

@@ -67,6 +67,29 @@ def achieved_flops(config: Any, seqlens: Sequence[int], seconds: float) -> float
     return 6 * (dense * sum(int(n) for n in seqlens) + attention) / seconds
 
 
+def flops_by_part(config: Any, tokens: int, sq_tokens: int) -> dict[str, float]:
+    """:func:`achieved_flops`'s forward + backward FLOPs (times its seconds) split by the model part
+    they belong to, for ``tokens = sum(seqlens)`` and ``sq_tokens = sum(len^2)``; the values sum to
+    its numerator (``tests/unit/rl/test_mfu.py``). Empty for a model type it counts as 0.
+
+    ``attention``: the q, k, v, o projections of every layer and the scores (the ``sum(len^2)`` term);
+    ``mlp``: gate, up, down; ``lm_head`` and ``embedding``: one ``vocab x hidden`` matrix each,
+    as verl counts them.
+    """
+    if getattr(config, "model_type", None) not in DENSE_DECODERS:
+        return {}
+    hidden, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv = config.num_key_value_heads * head_dim
+    projections = hidden * (2 * heads * head_dim + 2 * kv) * layers
+    return {
+        "attention": 6 * (projections * tokens + sq_tokens * head_dim * heads * layers),
+        "mlp": 6 * 3 * hidden * config.intermediate_size * layers * tokens,
+        "lm_head": 6 * config.vocab_size * hidden * tokens,
+        "embedding": 6 * config.vocab_size * hidden * tokens,
+    }
+
+
 def mfu(config: Any, seqlens: Sequence[int], seconds: float, device: str, world_size: int = 1,
         forward_only: bool = False) -> float:
     """verl's MFU of ``seqlens`` processed in ``seconds`` on ``device`` (a name) by ``world_size`` ranks."""

@@ -40,6 +40,7 @@ from repro.config.ds_config import build_ds_config, resolve_model_dtype
 from repro.config.zero3 import model_size_of
 from repro.devices import default_device, nvml_used_gb, on_cpu
 from repro.workers import faults
+from repro.workers.profiling import phase
 
 if TYPE_CHECKING:
     from repro.batching.plan import RoleBatchPlan
@@ -306,13 +307,15 @@ class RoleEngine:
         if last and self.before_step is not None:
             self.before_step(self)
         if self.step_each_micro:
-            self.engine.step()
+            with phase("optimizer"):
+                self.engine.step()
 
     def end_update(self) -> tuple[float, bool]:
         """The optimizer step (unless stepped per micro-batch); ``(grad_norm, skipped)``."""
         engine = self.engine
         if not self.step_each_micro:
-            engine.step()
+            with phase("optimizer"):
+                engine.step()
         self.module.eval()
         norm = engine.get_global_grad_norm()
         grad_norm = float(norm.item() if torch.is_tensor(norm) else norm) if norm is not None else float("nan")

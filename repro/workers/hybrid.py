@@ -167,7 +167,8 @@ class HybridWorker:
         from repro.workers.profiling import StepProfiler
 
         self._profiler = StepProfiler(out_dir, self.rank)
-        self._profiler.start(step)
+        roles = [w for w in (self.actor, self.ref, self.critic) if w is not None]
+        self._profiler.start(step, models=[w.engine.module for w in roles])
 
     def profile_stop(self) -> str:
         return str(self._profiler.stop())

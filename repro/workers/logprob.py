@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from repro.workers.profiling import phase
+
 CHUNK_ELEMENTS = 1 << 24
 """Values of one fp32 chunk (64 MiB; about 110 tokens of a 150k vocabulary): bounds the
 temporaries whatever the vocabulary size. Smaller chunks cost time on a GPU: each chunk is a
@@ -112,6 +114,7 @@ def token_log_probs(
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
         raise ValueError(f"token_log_probs needs logits [B, T, V] and labels [B, T]; got {tuple(logits.shape)} "
                          f"and {tuple(labels.shape)}")
-    log_prob, entropy = _TokenLogProb.apply(logits, labels.long(), float(temperature), bool(with_entropy),
-                                            int(chunk_elements))
+    with phase("logprob"):  # its backward is labelled through the forward op's sequence number
+        log_prob, entropy = _TokenLogProb.apply(logits, labels.long(), float(temperature), bool(with_entropy),
+                                                int(chunk_elements))
     return log_prob, (entropy if with_entropy else None)

@@ -8,6 +8,9 @@ and checked by the job harness ``tests/jobs.py``.
 
 from __future__ import annotations
 
+import json
+
+from repro.bench.profile_phases import attribute
 from tests import jobs
 from tests.jobs import SMALL
 
@@ -38,6 +41,9 @@ def test_grpo_run_writes_finite_metrics_and_outputs(tmp_path, ray_head):
     for r in (0, 1):
         assert (out / "profile" / f"step2_rank{r}.txt").read_text().startswith(f"step 2, rank {r}:")
     assert f"step 2 profiled: {out / 'profile' / 'step2_rank0.txt'}" in log
+    # the ranks' modules carried the phase labels (repro.workers.profiling): the step splits into them
+    phases = attribute(json.loads((out / "profile" / "step2_rank0.trace.json").read_text()))["phases"]
+    assert all(phases.get(p, 0) > 0 for p in ("attention", "mlp", "lm_head", "logprob", "optimizer")), phases
     # What it continues or not, and its setup, on the console and in train.log alike.
     for text in (proc.stderr, log):
         assert f"the previous run of this experiment finished (60 steps) in {done}; this is a new run in {out}" in text

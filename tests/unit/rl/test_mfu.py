@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from repro.rl.mfu import achieved_flops, device_name, device_peak_flops, mfu
+from repro.rl.mfu import achieved_flops, device_name, device_peak_flops, flops_by_part, mfu
 
 # One layer, hidden 4, 2 heads of 2, 1 KV head, MLP 8, vocab 10.
 TINY = SimpleNamespace(model_type="qwen3", hidden_size=4, num_hidden_layers=1, num_attention_heads=2,
@@ -19,6 +19,14 @@ def test_dense_decoder_flops_counted_by_hand():
     # weights: MLP 3*4*8 = 96, attention 4*(4+2+2+4) = 48, embedding + LM head 2*10*4 = 80 -> 224
     # tokens 3 + 5 = 8: 6 * 224 * 8 = 10752; attention scores 6 * (9 + 25) * 2 * 2 * 1 = 816
     assert achieved_flops(TINY, [3, 5], seconds=2.0) == (10752 + 816) / 2.0
+
+
+def test_the_parts_of_the_flops_count_sum_to_it():
+    # attention 6 * (48 * 8 + 34 * 2 * 2) = 3120; MLP 6 * 96 * 8 = 4608; LM head = embedding = 6 * 40 * 8 = 1920
+    parts = flops_by_part(TINY, tokens=8, sq_tokens=34)
+    assert parts == {"attention": 3120, "mlp": 4608, "lm_head": 1920, "embedding": 1920}
+    assert sum(parts.values()) == achieved_flops(TINY, [3, 5], seconds=1.0)
+    assert flops_by_part(SimpleNamespace(**{**vars(TINY), "model_type": "gpt2"}), 8, 34) == {}
 
 
 def test_model_types_outside_the_dense_family_count_zero():

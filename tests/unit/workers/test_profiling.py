@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from repro.config.loader import load_config
-from repro.workers.profiling import StepProfiler
+from repro.workers.profiling import StepProfiler, module_phase, phase
 
 
 def test_a_profiled_step_writes_the_operators_it_ran_with_their_call_counts(tmp_path: Path) -> None:
@@ -28,14 +29,14 @@ def test_a_profiled_step_writes_the_operators_it_ran_with_their_call_counts(tmp_
     assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])
 
 
-def test_the_profiler_refuses_a_stop_without_a_start_and_a_second_start() -> None:
-    prof = StepProfiler("unused", rank=0)
+def test_the_profiler_refuses_a_stop_without_a_start_and_a_second_start(tmp_path: Path) -> None:
+    prof = StepProfiler(tmp_path, rank=0)
     with pytest.raises(RuntimeError, match="without a start"):
         prof.stop()
     prof.start(1)
     with pytest.raises(RuntimeError, match="step 1 still running when step 2 starts"):
         prof.start(2)
-    prof._prof.__exit__(None, None, None)
+    prof.stop()
 
 
 @pytest.mark.parametrize("steps", ["[0]", "[2,-1]"])
@@ -49,3 +50,53 @@ def test_a_profile_step_after_the_last_step_is_refused_instead_of_never_running(
                                          r"\(trainer.total_training_steps=60\)"):
         load_config(["trainer.profile_steps=[5,61]"], config_name="grpo_tiny")
     assert load_config(["trainer.profile_steps=[60]"], config_name="grpo_tiny").trainer.profile_steps == [60]
+
+
+class _RMSNorm(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+class _Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.input_layernorm, self.self_attn, self.mlp = _RMSNorm(), torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.self_attn(self.input_layernorm(x)).relu())
+
+
+class _Model(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens, self.layer, self.lm_head = torch.nn.Embedding(10, 8), _Block(), torch.nn.Linear(8, 10)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = torch.utils.checkpoint.checkpoint(self.layer, self.embed_tokens(ids), use_reentrant=False)
+        return self.lm_head(h)
+
+
+def test_modules_get_their_phase_by_name_and_class() -> None:
+    m = _Model()
+    assert {n: module_phase(n, mod) for n, mod in m.named_modules() if module_phase(n, mod)} == {
+        "embed_tokens": "embedding", "layer.input_layernorm": "norm", "layer.self_attn": "attention",
+        "layer.mlp": "mlp", "lm_head": "lm_head"}
+
+
+def test_phase_ranges_exist_only_while_profiling_and_a_recomputed_forward_opens_them_again(tmp_path: Path) -> None:
+    model = _Model()
+    assert isinstance(phase("optimizer"), contextlib.nullcontext)
+    prof = StepProfiler(tmp_path, rank=0)
+    prof.start(1, models=[model])
+    assert not isinstance(phase("optimizer"), contextlib.nullcontext)
+    model(torch.tensor([[1, 2, 3]])).sum().backward()  # the block is checkpointed: its forward runs twice
+    with phase("optimizer"):
+        torch.zeros(1).add_(1)
+    prof.stop()
+    assert isinstance(phase("optimizer"), contextlib.nullcontext)
+    assert all(not mod._forward_pre_hooks and not mod._forward_hooks for mod in model.modules())  # hooks removed
+    events = json.loads((tmp_path / "step1_rank0.trace.json").read_text())["traceEvents"]
+    ranges = [e["name"] for e in events if e.get("cat") == "user_annotation"]
+    assert {r: ranges.count(r) for r in set(ranges)} == {
+        "repro::embedding": 1, "repro::lm_head": 1, "repro::optimizer": 1,
+        "repro::norm": 2, "repro::attention": 2, "repro::mlp": 2}
