@@ -46,8 +46,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(_hypothesis_line(config))
 
 # Test modules whose tests share a module-scoped fixture too costly to build twice (a 2-node Ray
-# cluster): under xdist they run as one unit on one worker.
-_ONE_WORKER_MODULES = ("tests/distributed/cluster/test_multinode.py",)
+# cluster, a job that several tests read): under xdist they run as one unit on one worker.
+_ONE_WORKER_MODULES = ("tests/distributed/cluster/test_multinode.py", "tests/distributed/test_trainer.py",
+                       "tests/distributed/test_verl_algorithms_e2e.py")
 
 
 @pytest.hookimpl(optionalhook=True)

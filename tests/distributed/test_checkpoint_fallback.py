@@ -1,10 +1,10 @@
-"""A damaged latest checkpoint through the real trainer: fallback, named files, equal metrics.
+"""Checkpoint keep limits through the real trainer (Ray, 2 CPU ranks, DeepSpeed ZeRO-2): what each role keeps.
 
-A tiny GRPO job (Ray, 2 CPU ranks, DeepSpeed ZeRO-2) runs 4 steps saving at 2 and 4, with the
-actor's Hugging Face export in its checkpoints (``save_contents`` with ``hf_model``). Then a
-DeepSpeed optimizer shard of ``global_step_4`` is truncated and the ``latest`` marker emptied;
-the same command again must verify, name both, keep ``global_step_4.damaged``, resume from
-``global_step_2`` and recompute steps 3-4 equal to the first run.
+The damaged-latest-checkpoint fallback through the real trainer (a truncated optimizer shard and an
+emptied ``latest`` marker: verified, named, kept as ``.damaged``, resumed from the checkpoint before,
+the lost step recomputed equal) ran here on a 4-step job of its own until 2026-11-27; it now runs on the
+finished folder of the kill -9 test's resumed run (``tests/distributed/test_run_safety.py``), which
+saves at steps 2 and 3 with the Hugging Face export.
 """
 
 from __future__ import annotations
@@ -13,47 +13,7 @@ import json
 
 import pytest
 
-from repro.run.checkpoints import MANIFEST, MARKER
-from tests import jobs
-from tests.jobs import SMALL
-
-HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
-
-
-@pytest.mark.slow  # two real jobs one after the other: about 2-3 min on 2 loaded cores
-def test_damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(tmp_path, ray_head):
-    out = tmp_path / "run"
-    # No validation (before training or at test_freq): the claims are about checkpoints and the
-    # training rows; validation is proven in test_trainer's GRPO run. It was 256 generations, 8
-    # times a SMALL step's 32.
-    command = [*SMALL, "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=-1",
-               "trainer.val_before_train=False", HF, f"trainer.output_dir={out}"]
-    jobs.run_job("grpo_tiny", command, tmp_path / "outputs", ray_address=ray_head)
-    ckpt = out / "checkpoints"
-    straight = jobs.metrics(out)
-    manifest = json.loads((ckpt / "global_step_4" / MANIFEST).read_text())
-    assert "actor/huggingface/config.json" in manifest["files"] and "trainer_state.json" in manifest["files"]
-    shards = sorted(k for k in manifest["files"] if k.startswith("actor/ds/") and "optim_states" in k)
-    assert len(shards) == 2, manifest["files"].keys()  # one ZeRO-2 partition per rank, both listed
-    shard = ckpt / "global_step_4" / shards[1]
-    with open(shard, "r+b") as f:
-        f.truncate(shard.stat().st_size // 2)
-    truncated = shard.stat().st_size
-    (ckpt / MARKER).write_text("")
-
-    jobs.run_job("grpo_tiny", command, tmp_path / "outputs", ray_address=ray_head)
-    log = (out / "train.log").read_text()
-    assert f"checkpoint global_step_4 is damaged: {shards[1]} (size" in log
-    assert "(step 2)" in log.split("resuming from global_step_2", 1)[1]  # "resumed from ... (step 2)"
-    assert MARKER in log and "kept as global_step_4.damaged" in log and "resuming from global_step_2" in log
-    assert "resume_notes" in json.loads((out / "run.json").read_text())
-    assert (ckpt / "global_step_4.damaged" / shards[1]).stat().st_size == truncated  # kept as found
-    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_2", "global_step_4", "global_step_4.damaged",
-                                                       MARKER]
-    assert (ckpt / MARKER).read_text() == "4\n"
-    resumed = jobs.metrics(out)
-    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
-    jobs.assert_same_metrics(straight, resumed)
+from repro.run.checkpoints import MANIFEST
 
 
 @pytest.mark.slow  # one real PPO job (shared with test_trainer's PPO run): about 1-2 min on 2 loaded cores

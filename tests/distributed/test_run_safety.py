@@ -19,6 +19,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from repro.run.checkpoints import MANIFEST, MARKER
 from tests import jobs
 from tests.jobs import job_env
 
@@ -99,18 +100,21 @@ def test_ctrl_c_leaves_no_process_and_records_the_checkpoint(tmp_path):
 
 
 # The kill -9 victim and its resumed run: the shared reference's command (3 steps, a checkpoint at
-# step 2, no validation), so that its rows are what they must equal.
-_KILLED = jobs.cli_command("grpo_tiny", *jobs.GRPO_3_STEPS)
+# step 2, no validation), so that its rows are what they must equal, with the actor's Hugging Face
+# export in its checkpoints for the damaged-checkpoint check that follows (saving touches no metric).
+_HF = "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]"
+_KILLED = jobs.cli_command("grpo_tiny", *jobs.GRPO_3_STEPS, _HF)
 
 
-@pytest.mark.slow  # a job on a cluster of its own killed, the cleanup, a reference and the resumed run: ~40 s
+@pytest.mark.slow  # a job on a cluster of its own killed, the cleanup, a reference, the resumed run and a rerun: ~45 s
 def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_resume_matches_an_uninterrupted_run(
         tmp_path, ray_head, grpo_3_step_reference):
     """kill -9 of the driver leaves Ray 2.60's DashboardAgent and RuntimeEnvAgent running (re-parented
     to init, ~190 MB); the cleanup that every local start runs first (and python -m
     repro.cluster.ray_reaper by hand) ends them and nothing else. The same command then resumes
     the killed run from its step-2 checkpoint, and its steps 1-3 equal an uninterrupted run's
-    bitwise (one job serves both claims: a second kill -9 victim on a cluster of its own cost ~20 CPU s)."""
+    bitwise (one job serves both claims: a second kill -9 victim on a cluster of its own cost ~20 CPU s).
+    Its finished folder then serves the damaged-checkpoint check (``_damaged_latest_checkpoint_...``)."""
     outputs = tmp_path / "outputs"
     # The uninterrupted reference (on a worker's shared Ray head) runs alongside the victim, or
     # has already run for the 2-node test: the same command, so the same rows (conftest's
@@ -151,6 +155,45 @@ def test_kill_9_of_the_driver_leaves_no_ray_process_after_the_cleanup_and_the_re
     a, b = grpo_3_step_reference.rows(), jobs.metrics(run_dir)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3]
     jobs.assert_same_metrics(a, b)
+    _damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(run_dir, outputs, ray_head)
+
+
+def _damaged_latest_checkpoint_falls_back_and_recomputes_equal_metrics(run_dir: Path, outputs: Path,
+                                                                       ray_head: str) -> None:
+    """A damaged latest checkpoint through the real trainer: a DeepSpeed optimizer shard of the
+    finished run's ``global_step_3`` is truncated and the ``latest`` marker emptied; the same command
+    again must verify, name both, keep ``global_step_3.damaged``, resume from ``global_step_2`` and
+    recompute step 3 equal to the run's. (Until 2026-11-27 test_checkpoint_fallback.py ran a 4-step
+    job of its own for this, saving at 2 and 4; the resumed kill -9 run saves at 2 and at its last
+    step, 3, with the same Hugging Face export in ``save_contents``, and its rows are proven equal to
+    an uninterrupted run's just before, so the claims are the same without that job.)"""
+    ckpt = run_dir / "checkpoints"
+    straight = jobs.metrics(run_dir)
+    manifest = json.loads((ckpt / "global_step_3" / MANIFEST).read_text())
+    assert "actor/huggingface/config.json" in manifest["files"] and "trainer_state.json" in manifest["files"]
+    shards = sorted(k for k in manifest["files"] if k.startswith("actor/ds/") and "optim_states" in k)
+    assert len(shards) == 2, manifest["files"].keys()  # one ZeRO-2 partition per rank, both listed
+    shard = ckpt / "global_step_3" / shards[1]
+    with open(shard, "r+b") as f:
+        f.truncate(shard.stat().st_size // 2)
+    truncated = shard.stat().st_size
+    (ckpt / MARKER).write_text("")
+
+    # The same command, pointed at the folder: auto-resume would start a new run beside a finished one.
+    again = _run([*_KILLED, f"trainer.output_dir={run_dir}"], outputs, ray_address=ray_head)
+    assert again.returncode == 0, again.stderr[-4000:]
+    log = (run_dir / "train.log").read_text()
+    assert f"checkpoint global_step_3 is damaged: {shards[1]} (size" in log
+    assert "(step 2)" in log.split("resuming from global_step_2", 1)[1]  # "resumed from ... (step 2)"
+    assert MARKER in log and "kept as global_step_3.damaged" in log and "resuming from global_step_2" in log
+    assert "resume_notes" in json.loads((run_dir / "run.json").read_text())
+    assert (ckpt / "global_step_3.damaged" / shards[1]).stat().st_size == truncated  # kept as found
+    assert sorted(p.name for p in ckpt.iterdir()) == ["global_step_2", "global_step_3", "global_step_3.damaged",
+                                                       MARKER]
+    assert (ckpt / MARKER).read_text() == "3\n"
+    resumed = jobs.metrics(run_dir)
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    jobs.assert_same_metrics(straight, resumed)
 
 
 @pytest.mark.slow  # four real jobs and two refused ones, one after the other: about 50 s on 2 cores

@@ -8,10 +8,15 @@ trainer and the workers and the runs train (finite losses, varied advantages).
 The seven jobs run one after the other in one driver process (the job harness's runner,
 ``tests/jobs.py``) that joins the worker's shared Ray head (``ray_head``): start-up (imports,
 ``ray.init``) is paid once, not seven times; each job still builds its own config, worker group,
-engines and run folder."""
+engines and run folder. The same driver runs an eighth job for verl's reward plug-in (a user's file
+with verl's signature that returns 0.25, a score the rule reward never gives: the run's score rows
+show that the plug-in, not the rule, scored it; until 2026-11-27 a driver of its own,
+``test_custom_reward_run.py``). The driver is a module fixture and this module runs on one xdist
+worker (the root conftest's ``_ONE_WORKER_MODULES``), so it runs once for both tests."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -70,25 +75,55 @@ def _check_case(case: str, out: Path) -> None:
         assert f"{key.rsplit('.', 1)[1]}: {value}" in saved.replace("'", ""), override
 
 
-@pytest.mark.slow
-def test_verl_algorithms_run_end_to_end(tmp_path, ray_head):
-    # One test, not one per case: a module fixture shared by parametrised tests would run the
-    # driver once per xdist worker that receives a case, and xdist_group does not hold them
-    # together under this pytest (9.2) and pytest-xdist (3.8). Every case is checked; the
-    # failure lists each failing case with its own error. Each job is built as the CLI builds it
-    # (load_config of the preset plus overrides); a failed job is recorded with its traceback in
-    # its status file and the next one still runs.
-    each = [(tmp_path / f"{case}.status",
+REWARD = '''
+def my_score(data_source, solution_str, ground_truth, extra_info=None, value=0.0):
+    assert isinstance(solution_str, str) and data_source == "repro/arith"
+    return value
+'''
+REWARD_KEY = "reward.custom_reward_function"
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory, ray_head: str) -> Iterator[Path]:
+    """Every case's job and the custom-reward job, one after the other in one driver; the folder
+    holding each job's status file (``<name>.status``: "ok" or its traceback) and run folder."""
+    root = tmp_path_factory.mktemp("verl_algorithms")
+    reward = root / "my_reward.py"
+    reward.write_text(REWARD)
+    # Each job is built as the CLI builds it (load_config of the preset plus overrides); a failed job
+    # is recorded with its traceback in its status file and the next one still runs.
+    each = [(root / f"{case}.status",
              # the case's overrides after COMMON: remax turns validation on (trainer.test_freq=2)
-             [*SMALL, *COMMON, *CASES[case], f"trainer.output_dir={tmp_path / case}"]) for case in CASES]
-    jobs.run(jobs.runner_each_command("grpo_tiny", each), jobs.job_env(tmp_path / "outputs", ray_head),
+             [*SMALL, *COMMON, *CASES[case], f"trainer.output_dir={root / case}"]) for case in CASES]
+    each.append((root / "custom-reward.status",
+                 [*SMALL, *COMMON, f"{REWARD_KEY}.path={reward}", f"{REWARD_KEY}.name=my_score",
+                  f"+{REWARD_KEY}.reward_kwargs.value=0.25", f"trainer.output_dir={root / 'custom-reward'}"]))
+    jobs.run(jobs.runner_each_command("grpo_tiny", each), jobs.job_env(root / "outputs", ray_head),
              timeout=180 * len(each))
+    yield root
+
+
+@pytest.mark.slow
+def test_verl_algorithms_run_end_to_end(driver):
+    # One test, not one per case: a module fixture shared by parametrised tests would run the
+    # driver once per xdist worker that receives a case unless the module is held on one worker
+    # (it is now, for the custom-reward test), and one test keeps every case's failure in one
+    # report. Every case is checked; the failure lists each failing case with its own error.
     failures = {}
     for case in CASES:
-        status = (tmp_path / f"{case}.status").read_text()
+        status = (driver / f"{case}.status").read_text()
         try:
             assert status == "ok", f"the run failed:\n{status[-4000:]}"
-            _check_case(case, tmp_path / case)
+            _check_case(case, driver / case)
         except AssertionError as e:
             failures[case] = str(e)
     assert not failures, "\n\n".join(f"{case}: {err}" for case, err in failures.items())
+
+
+@pytest.mark.slow
+def test_custom_reward_function_scores_a_real_run(driver):
+    status = (driver / "custom-reward.status").read_text()
+    assert status == "ok", f"the run failed:\n{status[-4000:]}"
+    rows = jobs.metrics(driver / "custom-reward")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["critic/score/mean"] == 0.25 for r in rows), [r["critic/score/mean"] for r in rows]
