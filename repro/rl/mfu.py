@@ -56,21 +56,14 @@ def device_name(device: torch.device) -> str:
 
 def achieved_flops(config: Any, seqlens: Sequence[int], seconds: float) -> float:
     """Forward + backward FLOP/s of a model with Hugging Face ``config`` over sequences of ``seqlens``."""
-    if getattr(config, "model_type", None) not in DENSE_DECODERS:
-        return 0.0
-    hidden, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    kv = config.num_key_value_heads * head_dim
-    per_layer = 3 * hidden * config.intermediate_size + hidden * (2 * heads * head_dim + 2 * kv)
-    dense = per_layer * layers + 2 * config.vocab_size * hidden
-    attention = sum(int(n) ** 2 for n in seqlens) * head_dim * heads * layers
-    return 6 * (dense * sum(int(n) for n in seqlens) + attention) / seconds
+    lengths = [int(n) for n in seqlens]
+    return sum(flops_by_part(config, sum(lengths), sum(n * n for n in lengths)).values()) / seconds
 
 
 def flops_by_part(config: Any, tokens: int, sq_tokens: int) -> dict[str, float]:
-    """:func:`achieved_flops`'s forward + backward FLOPs (times its seconds) split by the model part
-    they belong to, for ``tokens = sum(seqlens)`` and ``sq_tokens = sum(len^2)``; the values sum to
-    its numerator (``tests/unit/rl/test_mfu.py``). Empty for a model type it counts as 0.
+    """Forward + backward FLOPs over ``tokens = sum(seqlens)`` with ``sq_tokens = sum(len^2)``, by the
+    model part they belong to (verl's dense decoder formula; :func:`achieved_flops` is their sum per
+    second). Empty for a model type outside :data:`DENSE_DECODERS`.
 
     ``attention``: the q, k, v, o projections of every layer and the scores (the ``sum(len^2)`` term);
     ``mlp``: gate, up, down; ``lm_head`` and ``embedding``: one ``vocab x hidden`` matrix each,

@@ -8,25 +8,15 @@ passed through as one of the phase's extra keys) and the printed plan is read ba
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.seed_scale_phase import run_phase
 
 
 def _phase(tmp_path: Path, *args: str, **env_vars: str) -> tuple[dict, str]:
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
-               PYTHONPATH=str(ROOT), REPRO_CACHE_DIR=str(tmp_path / "cache"))
-    for knob in ("GPUS", "TRACE", "RUN_NAME", "DEADLINE"):
-        env.pop(knob, None)
-    env.update(env_vars)
-    proc = subprocess.run(["bash", "scripts/seed_scale.sh", *args, "trainer.dry_run=true"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc, out = run_phase(tmp_path, *args, "trainer.dry_run=true", timeout=120, **env_vars)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (log,) = out.glob("*.log")
     text = log.read_text()

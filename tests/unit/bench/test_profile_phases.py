@@ -14,6 +14,7 @@ import pytest
 
 from repro.bench import profile_phases
 from repro.bench.profile_phases import EVALUATE, Trace, attribute, flops, main, table
+from tests.subprocess_env import pythonpath
 
 A, B = 10, 20  # thread ids: the main thread, and another (an autograd device thread on a GPU)
 
@@ -157,7 +158,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
            "--min-response", "4", "--steps", "1", "--warmup", "1", "--rounds", "1", "--cases", "padded",
            "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work")]
     root = Path(__file__).resolve().parents[3]
-    env = dict(os.environ, PYTHONPATH=str(root))
+    env = dict(os.environ, PYTHONPATH=pythonpath(root))
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     folder = tmp_path / "profile" / "padded_0"

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from repro.integrations.verl import compare, e2e
+from tests.seed_scale_phase import run_phase
 
 
 def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path, monkeypatch):
@@ -116,19 +117,10 @@ def test_verls_trainer_is_given_every_key_of_the_seed_recipe_at_repros_value(eng
 def _vfour_config(tmp_path):
     """verl's config as ``bash scripts/seed_scale.sh vfour 2 2 15`` composes it (the phase itself, with
     ``--print-config`` passed through to the e2e), as an OmegaConf tree."""
-    import os
-
     import yaml
     from omegaconf import OmegaConf
 
-    root = Path(__file__).resolve().parents[3]
-    out = tmp_path / "out"
-    env = dict(os.environ, OUT=str(out), REPRO_OUTPUTS_DIR=str(tmp_path / "routs"), PY=sys.executable,
-               PYTHONPATH=str(root), PYTHONWARNINGS="ignore", REPRO_CACHE_DIR=str(tmp_path / "cache"))
-    for knob in ("GPUS", "TRACE", "RUN_NAME", "DEADLINE"):
-        env.pop(knob, None)
-    proc = subprocess.run(["bash", "scripts/seed_scale.sh", "vfour", "2", "2", "15", "--print-config"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    proc, out = run_phase(tmp_path, "vfour", "2", "2", "15", "--print-config", PYTHONWARNINGS="ignore")
     log = (out / "verl_vfour_zero2_sp2.log").read_text()
     assert proc.returncode == 0 and "rc=0" in proc.stdout, proc.stdout + log[-2000:]
     # The phase's log holds stderr too: verl's platform lines ("WARNING:<time>:...") among the yaml.
