@@ -23,6 +23,8 @@ the median step time over rounds: compare versions only within one command.
 Every sample has ``seq`` real tokens (half prompt, half response). Output: one TSV row per
 case and runner (step seconds, tokens/s per GPU, peak allocated/reserved GB), the worker's
 throughput as a fraction of the bare loop's, and each row's throughput as a fraction of FSDP2's.
+``--sp 2`` runs the worker with Ulysses sp=2 (dp = nproc / sp): at ``--micro 1`` each GPU holds half
+of one sample's tokens at a time instead of a whole sample, the length at which SP is what fits.
 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
@@ -104,6 +106,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace, world: int)
     actor.ppo_micro_batch_size_per_gpu = args.micro
     actor.optim.lr = 1e-6
     actor.deepspeed = DeepSpeedConfig(**CASES.get(case, CASES["zero2"]), step_each_micro=False, fp32_grad_accum=False)
+    actor.ulysses_sequence_parallel_size = args.sp
     return cfg
 
 
@@ -280,7 +283,7 @@ def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, w
     log = workdir / f"{case}_{runner}_r{round_}.log"
     cmd = [sys.executable, "-m", "repro.bench.workers", "--child", "--case", case, "--runner", runner,
            "--model-dir", str(model_dir), "--result", str(result), "--shape", args.shape,
-           "--seq", str(args.seq), "--micro", str(args.micro), "--gas", str(args.gas),
+           "--seq", str(args.seq), "--micro", str(args.micro), "--gas", str(args.gas), "--sp", str(args.sp),
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.no_gradient_checkpointing:
         cmd.append("--no-gradient-checkpointing")
@@ -344,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="ranks per case")
     parser.add_argument("--seq", type=int, default=1024, help="tokens per sample (half prompt, half response)")
     parser.add_argument("--micro", type=int, default=2)
+    parser.add_argument("--sp", type=int, default=1, help="Ulysses sequence parallel size (worker runner only)")
     parser.add_argument("--gas", type=int, default=4)
     parser.add_argument("--steps", type=int, default=5, help="measured steps (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
@@ -363,6 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     bad += [f"--runners: {r!r} is not valid; choose from {list(RUNNERS)}" for r in runners if r not in RUNNERS]
     if args.rounds < 1:
         bad.append(f"--rounds={args.rounds} is not valid; it must be >= 1")
+    if args.sp < 1 or args.nproc % args.sp or (args.sp > 1 and runners != ["worker"]):
+        bad.append(f"--sp={args.sp} is not valid; it must divide --nproc={args.nproc}, and above 1 needs "
+                   f"--runners worker (the bare loop and FSDP2 do not shard sequences)")
     if bad:
         print(f"error: {bad[0]}", file=sys.stderr)
         return 2

@@ -22,9 +22,11 @@ Two things differ from ``UlyssesSPAttentionHF.register_with_transformers``:
   through the all-to-all too. :func:`enable` registers the wrapper under a key of its own
   (``repro_ulysses_<role>``) and sets it on that role's model only;
 - plain causal attention over the gathered sequence is wrong for left padding and packed rows
-  (the mask is gone): the core attention here builds a block-causal mask from the gathered
-  ``position_ids`` (a block starts wherever the position does not grow by one), which is exactly
-  the padded batch's attention for every real token.
+  (the mask is gone): the core attention attends within the blocks that the gathered
+  ``position_ids`` delimit (a block starts wherever the position does not grow by one), which is
+  exactly the padded batch's attention for every real token. On CUDA in half precision that is
+  :mod:`repro.workers.varlen`'s FlashAttention over the blocks (memory linear in the sequence);
+  elsewhere SDPA with the block-causal mask built out (``[L, L]`` per sample: the exact CPU path).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from repro.batching.batch import Batch, to_device
+from repro.workers import varlen
 
 
 def _block_causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -51,6 +54,16 @@ def _block_causal_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.
     causal = torch.ones(length, length, dtype=torch.bool, device=pos.device).tril()
     mask = (block[:, :, None] == block[:, None, :]) & causal
     return sdpa_attention_forward(module, query, key, value, mask[:, None], is_causal=False, **kwargs)
+
+
+def _core_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention within the gathered sequence's blocks: FlashAttention over them where the varlen
+    path runs (the mask alone would be ``L^2`` per sample: 16 GB at 128k tokens), else the mask."""
+    if varlen.supported(query.dtype):
+        kwargs.pop("is_causal", None)
+        return varlen.attention(module, query, key, value, None, **kwargs)
+    return _block_causal_sdpa(module, query, key, value, attention_mask, **kwargs)
 
 
 def _no_mask(*args: Any, **kwargs: Any) -> None:
@@ -74,7 +87,7 @@ def enable(model: torch.nn.Module, sp: int, role: str) -> Any:
     arch = model.config.get_text_config()
     heads = arch.num_attention_heads
     uattn = UlyssesSPAttentionHF(
-        attn=_block_causal_sdpa, batch_size=1, attn_head_count=heads,
+        attn=_core_attention, batch_size=1, attn_head_count=heads,
         attn_head_size=getattr(arch, "head_dim", None) or arch.hidden_size // heads,
         kv_head_count=arch.num_key_value_heads, num_hidden_layers=arch.num_hidden_layers,
         process_group=mpu.get_sequence_parallel_group(), seq_length_is_variable=True,

@@ -14,7 +14,9 @@ tokens of a row's tail sit at position 0, each a one-token sample that no real t
 The boundaries are computed once per forward (one host sync for their count) and reused by
 every layer, and by the recomputation of gradient checkpointing.
 
-CPU runs, fp32 and sequence parallelism keep the exact ``sdpa``/``eager`` path.
+CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
+:func:`attention` as its core attention over the gathered sequence (:mod:`repro.workers.ulysses`)
+under the same conditions, whether or not the rows are packed.
 """
 
 from __future__ import annotations
