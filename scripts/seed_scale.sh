@@ -27,6 +27,10 @@
 #                                            # verl's (trainer.n_gpus_per_node=1 for dp=1, ...deepspeed.ulysses_sequence_parallel_size=2)
 #   bash scripts/seed_scale.sh vfour ZERO SP STEPS [KEY=VALUE ...]  # 4 GPUs: the four phase's keys in verl's trainer with
 #                                            # repro's engine (the verl phase; vLLM eager; run folder vfour_zeroZERO_spSP)
+#   bash scripts/seed_scale.sh splen LENGTHS [BENCH ARGS ...]  # 2 GPUs: python -m repro.bench.workers at the 0.6B shape,
+#                                            # one sample a micro-batch of each length (comma-separated tokens), Ulysses
+#                                            # sp=1 (dp=2) then sp=2 (dp=1): where sp=1 runs out of memory and sp=2 fits
+#                                            # (e.g. --no-gradient-checkpointing); one TSV row or the OOM line per run
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -143,6 +147,16 @@ case "${1:-}" in
     bash scripts/seed_scale.sh verl deepspeed "$zero" "$steps" "${RUN_NAME:-vfour_zero${zero}_sp$sp}" "${FOUR_KEYS[@]}" \
       actor_rollout_ref.actor.deepspeed.ulysses_sequence_parallel_size="$sp" actor_rollout_ref.rollout.enforce_eager=True "${@:5}"
     ;;
+  splen)
+    lengths=${2:?lengths}; w=$REPRO_OUTPUTS_DIR/splen; tag=${SPLEN_TAG:-splen}
+    for seq in ${lengths//,/ }; do for sp in 1 2; do
+      name=${tag}_sp${sp}_$seq
+      timeout -k 20 "$(limit 300)" $PY -m repro.bench.workers --shape "${SHAPE:-qwen3-0.6b}" --nproc 2 --sp "$sp" --cases zero2 \
+        --runners worker --micro 1 --gas 1 --seq "$seq" --steps 2 --warmup 1 --workdir "$w" --out "$OUT/$name.tsv" \
+        "${@:3}" > "$OUT/$name.log" 2>&1
+      echo "$name rc=$? $(tail -1 "$OUT/$name.tsv" 2>/dev/null) $(grep -m1 -o 'OutOfMemoryError: CUDA out of memory. Tried to allocate [^(]*' "$OUT/$name.log")"
+    done; done
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -151,5 +165,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|splen LENGTHS|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac
