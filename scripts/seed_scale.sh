@@ -38,6 +38,8 @@
 # Each phase stops itself (SIGTERM, then SIGKILL 20 s later) well inside the device's 600 s call limit: a
 # command cut by that limit loses the machine and everything under /tmp. DEADLINE (epoch seconds) shortens
 # each phase's limit so that phases chained in one command all end by then.
+# A phase left running in the background across device calls must run from a private copy of the tree (cp -r . /tmp/tree):
+# each call refreshes the working tree, and a run importing from it then can fail (results/4gpu/README.md, third lease).
 # TRACE=NAME on any phase: every collective of the run's ranks is traced in check mode (REPRO_COLLECTIVES_CHECK,
 # default every) into $REPRO_OUTPUTS_DIR/trace_NAME; its `analyze` report is kept as $OUT/trace_NAME.txt.
 # Expects the project on PYTHONPATH with DeepSpeed, Ray, Hydra and vLLM importable (shared wheels), and $OUT.
