@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import pytest
 
 from repro.bench import profile_phases
-from repro.bench.profile_phases import EVALUATE, Trace, attribute, flops, main, table
+from repro.bench.profile_phases import attribute, flops, main, table
+from repro.bench.trace_events import EVALUATE, Trace
 from tests.subprocess_env import pythonpath
 
 A, B = 10, 20  # thread ids: the main thread, and another (an autograd device thread on a GPU)
