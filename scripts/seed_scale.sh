@@ -31,6 +31,11 @@
 #                                            # one sample a micro-batch of each length (comma-separated tokens), Ulysses
 #                                            # sp=1 (dp=2) then sp=2 (dp=1): where sp=1 runs out of memory and sp=2 fits
 #                                            # (e.g. --no-gradient-checkpointing); one TSV row or the OOM line per run
+#   bash scripts/seed_scale.sh bg NAME [after=A,B] PHASE ARGS...  # PHASE started in the background (setsid: it
+#                                            # outlives the device call) from a private copy of the tree ($PLAN_DIR/tree,
+#                                            # made once), after jobs A and B ended; its $OUT is $PLAN_DIR/NAME
+#   bash scripts/seed_scale.sh poll [SECONDS]  # wait (default 540 s) until every bg job ended, print each one's exit
+#                                            # code and last line, bring $PLAN_DIR back as $OUT/plan.tar.gz (PLAN_DIR: /tmp/plan)
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -38,7 +43,7 @@
 # Each phase stops itself (SIGTERM, then SIGKILL 20 s later) well inside the device's 600 s call limit: a
 # command cut by that limit loses the machine and everything under /tmp. DEADLINE (epoch seconds) shortens
 # each phase's limit so that phases chained in one command all end by then.
-# A phase left running in the background across device calls must run from a private copy of the tree (cp -r . /tmp/tree):
+# A phase left running in the background across device calls must run from a private copy of the tree (the bg phase):
 # each call refreshes the working tree, and a run importing from it then can fail (results/4gpu/README.md, third lease).
 # TRACE=NAME on any phase: every collective of the run's ranks is traced in check mode (REPRO_COLLECTIVES_CHECK,
 # default every) into $REPRO_OUTPUTS_DIR/trace_NAME; its `analyze` report is kept as $OUT/trace_NAME.txt.
@@ -159,6 +164,35 @@ case "${1:-}" in
       echo "$name rc=$? $(tail -1 "$OUT/$name.tsv" 2>/dev/null) $(grep -m1 -o 'OutOfMemoryError: CUDA out of memory. Tried to allocate [^(]*' "$OUT/$name.log")"
     done; done
     ;;
+  bg)
+    name=${2:?job name}; shift 2; after=""
+    case "${1:-}" in after=*) after=${1#after=}; shift ;; esac
+    [ $# -gt 0 ] || { echo "bg $name: no phase given" >&2; exit 2; }
+    plan=${PLAN_DIR:-/tmp/plan}; root=$PWD; mkdir -p "$plan/$name"
+    if [ ! -d "$plan/tree" ]; then  # once per machine: later device calls refresh $root under running jobs
+      mkdir -p "$plan/tree.part" && tar -cf - --exclude=./.git --exclude='./.venv*' --exclude='./.vc*' --exclude='./.whl*' \
+        --exclude=./.nox --exclude='*/__pycache__' . | tar -xf - -C "$plan/tree.part" && mv "$plan/tree.part" "$plan/tree"
+    fi
+    # The job's Python finds repro in the copy: the tree's path in PYTHONPATH becomes the copy's (Ray's workers inherit it).
+    OUT=$plan/$name PYTHONPATH=${PYTHONPATH:+${PYTHONPATH//$root/$plan/tree}} setsid nohup bash -c '
+      plan=$0 name=$1 after=$2; shift 2
+      for dep in ${after//,/ }; do until [ -e "$plan/$dep.rc" ]; do sleep 1; done; done
+      echo "$(date +%T) $name from $plan/tree: $*"
+      cd "$plan/tree" && bash scripts/seed_scale.sh "$@"; rc=$?
+      echo "$(date +%T) $name rc=$rc"; echo $rc > "$plan/$name.rc"' "$plan" "$name" "$after" "$@" > "$plan/$name.log" 2>&1 < /dev/null &
+    echo "bg $name started${after:+ after $after}: $*"
+    ;;
+  poll)
+    plan=${PLAN_DIR:-/tmp/plan}; wait_s=${2:-540}; t0=$(date +%s); shopt -s nullglob
+    while [ $(( $(date +%s) - t0 )) -lt "$wait_s" ]; do
+      left=0; for log in "$plan"/*.log; do [ -e "${log%.log}.rc" ] || left=$(( left + 1 )); done
+      [ "$left" = 0 ] && break; sleep 1
+    done
+    for log in "$plan"/*.log; do n=$(basename "${log%.log}"); echo "$n: rc=$(cat "$plan/$n.rc" 2>/dev/null || echo running) | $(tail -1 "$log")"; done
+    items=(); for f in "$plan"/*; do [ "$(basename "$f")" = tree ] || items+=("$(basename "$f")"); done
+    [ ${#items[@]} -gt 0 ] && tar -czf "$OUT/plan.tar.gz" -C "$plan" --exclude='*.pt' --exclude='*.trace.json' "${items[@]}"
+    true
+    ;;
   crossover)
     seed=${2:?seed}; cases=${3:?cases}; steps=${4:?steps}; tag="cross_${cases//,/_}_s$seed"
     timeout -k 20 "$(limit "${SIX_TIMEOUT:-540}")" $PY -m repro.bench crossover --seeds "$seed" --step-modes 0 --cases "$cases" \
@@ -167,5 +201,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|splen LENGTHS|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|splen LENGTHS|bg NAME [after=A,B] PHASE ...|poll [SECONDS]|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac

@@ -3,7 +3,7 @@
 # the install call with `END=$(( $(date +%s) + 1580 )) setsid nohup bash dev_s11.sh &` (END: epoch seconds by
 # which everything must have stopped); later calls polled /tmp/r11 and brought it back as a tarball.
 # Its vfour run died when a later device call refreshed the working tree under it (results/4gpu/README.md,
-# third lease): run such a plan from a private copy of the tree (cp -r . /tmp/tree && cd /tmp/tree) instead.
+# third lease): run such a plan with `bash scripts/seed_scale.sh bg ...` and `poll` instead.
 cd "$(dirname "$0")"
 export PYTHONPATH=/tmp/vsite:$PWD VLLM_USE_FLASHINFER_SAMPLER=0 TRL_SITE=/tmp/trlsite PYTHONUNBUFFERED=1
 R=/tmp/r11; mkdir -p $R

@@ -48,3 +48,26 @@ def test_a_named_four_gpu_variant_gets_its_own_run_folder(tmp_path):
     assert plan["config"]["trainer"]["output_dir"] == str(tmp_path / "routs" / "four_lora8_zero2_sp2")
     assert plan["config"]["actor_rollout_ref"]["model"]["lora_rank"] == 8
     assert [p.name for p in (tmp_path / "out").glob("*.log")] == ["four_lora8_zero2_sp2.log"]
+
+
+def test_background_jobs_run_in_order_from_a_private_copy_and_poll_brings_back_their_files(tmp_path):
+    """The third 4-GPU lease lost verl's run when a later device call refreshed the tree it imported from
+    (results/4gpu/README.md): ``bg`` runs a phase from a copy of the tree, after the jobs it names."""
+    import tarfile
+
+    plan = tmp_path / "plan"
+    first, _ = run_phase(tmp_path, "bg", "first", "no-such-phase", PLAN_DIR=str(plan))
+    second, _ = run_phase(tmp_path, "bg", "second", "after=first", "no-such-phase-either", PLAN_DIR=str(plan))
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert "bg second started after first" in second.stdout
+    proc, out = run_phase(tmp_path, "poll", "60", PLAN_DIR=str(plan))
+    assert proc.returncode == 0, proc.stderr
+    assert "first: rc=2 |" in proc.stdout and "second: rc=2 |" in proc.stdout  # each phase's usage error
+    tree = plan / "tree"
+    assert (tree / "scripts" / "seed_scale.sh").is_file() and not (tree / ".git").exists()
+    log = (plan / "second.log").read_text().splitlines()
+    assert log[0].endswith(f"second from {tree}: no-such-phase-either")
+    assert (plan / "first.rc").stat().st_mtime <= (plan / "second.rc").stat().st_mtime
+    with tarfile.open(out / "plan.tar.gz") as tar:
+        names = tar.getnames()
+    assert {"first.log", "second.rc"} <= set(names) and not any(n.startswith("tree") for n in names)
