@@ -41,7 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from repro.bench.workers import _free_port, _model_config, _sync, add_case_process_args, make_model_dir
+from repro.bench.workers import _model_config, _sync, add_case_process_args, make_model_dir
+from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
 CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
@@ -170,7 +171,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path,
     if args.profile:
         cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with open(log, "w") as out:
         code = subprocess.run(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=args.timeout).returncode
     if code != 0 or not result.is_file():

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
 CASES = {
@@ -270,15 +270,9 @@ def _child(args: argparse.Namespace) -> None:
     dist.barrier()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, workdir: Path, round_: int = 0) -> dict:
     """Start ``nproc`` rank processes for one (case, runner), torchrun-style, and read rank 0's row."""
-    port = _free_port()
+    port = free_port()
     result = workdir / f"{case}_{runner}_r{round_}.json"
     log = workdir / f"{case}_{runner}_r{round_}.log"
     cmd = [sys.executable, "-m", "repro.bench.workers", "--child", "--case", case, "--runner", runner,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -40,6 +39,7 @@ from repro.cluster import placement, shared_storage
 from repro.cluster.errors import WorkerError, gather
 from repro.cluster.ray_reaper import init_ray
 from repro.cluster.signals import reclaim_sigterm, sigterm_received
+from repro.collectives.launch.launcher import free_port
 from repro.config import RunConfig
 from repro.devices import on_cpu
 
@@ -88,12 +88,6 @@ def start_ray(cfg: RunConfig) -> None:
     reclaim_sigterm()
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 class _RankHost:
     """The Ray actor: sets the rank environment, then hosts one instance of the worker class."""
 
@@ -130,7 +124,7 @@ class _RankHost:
         return not self._failed
 
     def address(self) -> tuple[str, int]:
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()

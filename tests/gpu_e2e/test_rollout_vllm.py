@@ -28,7 +28,6 @@ import datetime
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +35,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require_cuda_gpus
+from repro.collectives.launch.launcher import free_port
 
 pytestmark = pytest.mark.gpu
 
@@ -46,12 +46,6 @@ MIN_EXACT_ROWS = 0.9
 MIN_FREED_GB = 1.0
 NOT_STACKED = ("model.embed_tokens.weight", "model.norm.weight", "model.layers.0.input_layernorm.weight",
                "model.layers.1.self_attn.o_proj.weight", "model.layers.3.mlp.down_proj.weight")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cfg(model_path: str):
@@ -103,7 +97,7 @@ def probe(out: Path) -> None:
     import torch
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(_free_port()))
+                      MASTER_PORT=str(free_port()))
     from transformers import AutoTokenizer
 
     from repro.data import arith

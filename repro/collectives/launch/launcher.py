@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
+import random
 import re
 import signal
 import socket
@@ -91,10 +92,39 @@ def rank_command(target: Target) -> list[str]:
     return [sys.executable, "-m", "repro.collectives_trace", "run", *target.argv()]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# Ray's workers bind 10002-19999 by default; ports from here up to the ephemeral range are taken
+# only by an explicit bind such as a rendezvous's.
+_PORT_FLOOR = 20000
+_PORT_RANGE_FILE = pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(_PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port for rank 0's rendezvous store that was free a moment ago, drawn below the ephemeral range.
+
+    Why not ``bind(0)``: the OS answers from the ephemeral range, the range every outgoing connection
+    on the machine takes its local port from (Ray, gloo and TCPStore clients connect all the time),
+    and the port is free again between this call and rank 0's bind. A CI run lost rank 0 to
+    EADDRINUSE that way (port 38557). Below that range only another explicit bind can take it, and a
+    random draw makes two launchers starting together unlikely to pick the same one.
+    """
+    low = _ephemeral_low()
+    draw = random.SystemRandom()
+    for _ in range(64):
+        port = draw.randrange(_PORT_FLOOR, low) if low - _PORT_FLOOR >= 1024 else 0
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # held, or in TIME_WAIT: a store bound there now could fail the same way
+            return s.getsockname()[1]
+    raise RuntimeError(f"no free port found on {host} between {_PORT_FLOOR} and {low} in 64 draws")
 
 
 def prepare_out_dir(out_dir: pathlib.Path) -> None:

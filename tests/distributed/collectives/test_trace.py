@@ -237,7 +237,7 @@ def test_cli_launch_exits_zero_when_ranks_agree(tmp_path, form):
     script = tmp_path / "ok_job.py"
     script.write_text(
         "import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
-        "dist.all_reduce(torch.ones(2))\ndist.barrier()\n"
+        "dist.all_reduce(torch.ones(2))\ndist.barrier()\ndist.destroy_process_group()\n"
     )
     # -m: the ranks find the module as python -m does, from the working directory (tmp_path).
     target = [str(script)] if form == "script" else ["-m", "ok_job"]

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,7 @@ import textwrap
 import pytest
 
 from repro.collectives.cli import build_parser, main
+from repro.collectives.launch import launcher
 from repro.collectives.launch.launcher import Target, rank_command
 from repro.collectives.record.session import stop
 from tests.subprocess_env import pythonpath
@@ -159,3 +161,19 @@ def test_a_flight_recorder_dump_answers_the_symbolizer_without_importing_inducto
     monkeypatch.setitem(sys.modules, "torch._inductor", types.ModuleType("torch._inductor"))
     with _no_inductor_import(fake_torch):
         assert not hasattr(fake_torch, "_inductor")
+
+
+def test_free_port_draws_below_the_ephemeral_range_and_skips_a_port_someone_holds(monkeypatch):
+    # Outgoing connections take their local port from the ephemeral range; a rendezvous port drawn
+    # there can be taken between the draw and rank 0's bind (CI lost rank 0 to EADDRINUSE so).
+    low = launcher._ephemeral_low()
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        draws = iter([taken, launcher._PORT_FLOOR + 7])
+        monkeypatch.setattr(launcher.random.SystemRandom, "randrange", lambda self, a, b: next(draws))
+        assert launcher.free_port() == launcher._PORT_FLOOR + 7
+    monkeypatch.undo()
+    for _ in range(20):
+        assert launcher._PORT_FLOOR <= launcher.free_port() < low
