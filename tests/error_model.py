@@ -44,3 +44,12 @@ def decoder_chain(config, seq_len: int, lora_rank: int = 0) -> int:
     )
     # final norm, head, log-softmax
     return config.num_hidden_layers * per_layer + 2 * config.hidden_size + config.vocab_size
+
+
+def assert_one_rounding(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, terms: int,
+                        magnitude: torch.Tensor | float) -> None:
+    """``got`` (computed in fp32, rounded to ``dtype`` once) is within that rounding (``eps / 2``
+    relative) of the exact ``ref``, plus the fp32 accumulation of ``terms`` summands of ``magnitude``."""
+    bound = torch.finfo(dtype).eps / 2 * ref.abs() + terms * FP32_EPS * magnitude
+    excess = (got - ref).abs() - bound
+    assert excess.max() <= 0, f"{(got - ref).abs().max():.3e} off, {int((excess > 0).sum())} elements over the bound"

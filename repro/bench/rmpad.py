@@ -16,6 +16,8 @@ taken within one command:
   packed into one row (:mod:`repro.workers.varlen`);
 - ``rmpad_sdpa``: the same without the varlen path: rows of the padded width under
   transformers' ``sdpa`` attention with its block-causal mask (what CPU runs use);
+- ``rmpad_eager_norm``: ``rmpad`` with transformers' own RMSNorm instead of torch's fused kernel
+  (:mod:`repro.workers.rms_norm`; the same on CPU, where the norms are never fused);
 - ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers).
 
 Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
@@ -45,7 +47,7 @@ from repro.bench.workers import _model_config, _sync, add_case_process_args, mak
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
-CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
+CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_eager_norm", "rmpad_lora")
 COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
 
 
@@ -105,7 +107,7 @@ def _child(args: argparse.Namespace) -> None:
     import torch
 
     from repro.cluster.process_group import init_distributed
-    from repro.workers import logprob, varlen
+    from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
 
     init_distributed()
@@ -113,6 +115,7 @@ def _child(args: argparse.Namespace) -> None:
         # one chunk of the whole micro-batch: the full-vocabulary fp32 computation
         logprob.token_log_probs.__kwdefaults__["chunk_elements"] = 1 << 62
     varlen.ENABLED = args.case != "rmpad_sdpa"
+    rms_norm.ENABLED = args.case != "rmpad_eager_norm"
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)

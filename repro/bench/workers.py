@@ -191,6 +191,7 @@ def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from repro.devices import default_device
+    from repro.workers import rms_norm
     from repro.workers.engine import load_hf_model
     from repro.workers.zero3_leaf import decoder_layer_classes
 
@@ -198,6 +199,8 @@ def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     on_cuda = dev.type == "cuda"
     # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
     model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)
+    if on_cuda:
+        rms_norm.enable(model)  # it computes in bf16 (below): the same norm kernels as the DeepSpeed runners
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_cuda else torch.float32, reduce_dtype=torch.float32)
     # fully_shard's default mesh is CUDA whenever a GPU is visible, DS_ACCELERATOR=cpu or not.
     mesh = init_device_mesh(dev.type, (torch.distributed.get_world_size(),))

@@ -39,7 +39,7 @@ from repro.batching.batch import Batch
 from repro.config.ds_config import build_ds_config, resolve_model_dtype
 from repro.config.zero3 import model_size_of
 from repro.devices import default_device, nvml_used_gb, on_cpu
-from repro.workers import faults
+from repro.workers import faults, rms_norm
 from repro.workers.profiling import phase
 
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ def resolve_model_path(path: str) -> str:
 def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, *, value_head: bool = False) -> torch.nn.Module:
     """Causal LM (actor, reference) or a one-output token-classification model (critic).
 
+    On CUDA in half precision its RMSNorms run torch's fused kernel (:mod:`repro.workers.rms_norm`).
+
     The critic is ``AutoModelForTokenClassification`` with ``num_labels=1`` on the same
     backbone: its ``score`` head is new, the backbone loads from the policy's weights, and it
     saves and reloads as a normal Hugging Face model. Its dropout is off so that training is
@@ -95,6 +97,8 @@ def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, *, value_head: boo
     if model_cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    if rms_norm.supported(dtype):
+        rms_norm.enable(model)
     return model
 
 
