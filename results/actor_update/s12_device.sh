@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 12's one device call (issue 35), on one H100: torch's fused RMSNorm (repro/workers/rms_norm.py)
+# against transformers' eager norms in the 0.6B actor update, in both orders (AB then BA, one model
+# folder), then the GPU test of the fused kernel, then one profiled rmpad update (phases.md only: the
+# trace stays on the machine). Each result is written to $OUT as soon as it exists.
+# Carry [".whl"] (../shared/tools/device-wheels.sh; no Ray needed).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+O=${OUT:-/tmp/out}
+mkdir -p "$O"
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
+} > "$O/env.txt" 2>&1
+W=/tmp/rmpad_work
+python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad,rmpad_eager_norm --rounds 1 --workdir $W \
+  --out "$O/rmpad_ab.tsv" > "$O/ab.log" 2>&1
+python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad_eager_norm,rmpad --rounds 1 --workdir $W \
+  --out "$O/rmpad_ba.tsv" > "$O/ba.log" 2>&1
+REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 python3 -m pytest tests/gpu_e2e/test_rms_norm_gpu.py -m gpu -q \
+  -p no:cacheprovider > "$O/gpu_test.log" 2>&1
+python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad --rounds 1 --steps 1 --workdir $W \
+  --profile /tmp/rmpad_prof > "$O/profile.log" 2>&1
+cp /tmp/rmpad_prof/*/phases.md "$O/" 2>/dev/null
+tail -n 3 "$O"/*.log
