@@ -9,9 +9,10 @@ every metric below equal to the last bit; the hf rollout's draws are seeded per 
 and gloo's all-reduce of 2 ranks is order-fixed). Across machines the tiny policy's *weights*
 run other kernels (the CPU's instruction set picks ATen's and MKL's paths: results/tiny_policy/README.md),
 so every score and loss differs even from the shipped tiny policy: a bound that held across machines
-would be wider than the effect of a changed learning rate, so it would check nothing. The golden
+would be wider than the effect of a changed learning rate, so it would check nothing. Each golden
 therefore keys on the sha256 of the tiny policy's ``model.safetensors``, the torch version and the
-CPU's kernel paths (``repro.data.tiny_fixture.kernel_paths``); a machine that differs in any gets a
+CPU's kernel paths (``repro.data.tiny_fixture.kernel_paths``); the file holds one golden per such
+identity (``--update`` writes this machine's and keeps the others), and a machine with none gets a
 skip that says so, not a pass or a failure. Timings and memory are not in the golden.
 
 ``--case grpo_0p6b``: the GPU gate's seed-scale case (``tests/gpu_e2e/test_grpo_gate.py``: ``-cn grpo_0p6b``,
@@ -202,18 +203,22 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--case grpo_tiny compares one --run-dir")
     args.run_dir = args.run_dir_list[0] if args.run_dir_list else None
     identity = policy_identity()
-    if args.check:
-        golden = json.loads(GOLDEN.read_text())
-        if golden["identity"] != identity:
-            print(f"SKIP: the golden is for {golden['identity']}, this machine has {identity} "
-                  "(the tiny policy's weights differ between CPU models, issue 37)")
-            return 0
+    goldens = json.loads(GOLDEN.read_text())["goldens"]
+    golden = next((g for g in goldens if g["identity"] == identity), None)
+    if args.check and golden is None:
+        print(f"SKIP: no golden for this machine ({identity}); there are goldens for "
+              f"{[g['identity'] for g in goldens]} (the tiny policy's run differs between CPU kernel paths, "
+              "issue 37; record one here with --update)")
+        return 0
     with tempfile.TemporaryDirectory(prefix="goldens.") as tmp:
         run_dir = args.run_dir or run_job(Path(tmp), args.extra)
         fresh = read_steps(run_dir)
     if args.update:
-        GOLDEN.write_text(json.dumps({"identity": identity, "command": OVERRIDES, "steps": fresh}, indent=1) + "\n")
-        print(f"wrote {GOLDEN.relative_to(ROOT)} ({len(fresh)} steps)")
+        # one golden per machine identity: this machine's is replaced, the others' are kept
+        kept = [g for g in goldens if g["identity"] != identity]
+        entry = {"identity": identity, "command": OVERRIDES, "steps": fresh}
+        GOLDEN.write_text(json.dumps({"goldens": [*kept, entry]}, indent=1) + "\n")
+        print(f"wrote {GOLDEN.relative_to(ROOT)} ({len(fresh)} steps for this machine; {len(kept)} other golden(s) kept)")
         return 0
     lines = diff(golden["steps"], fresh)
     print("\n".join(lines) if lines else f"OK: {len(fresh)} steps bitwise equal to {GOLDEN.relative_to(ROOT)}")
