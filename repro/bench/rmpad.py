@@ -16,8 +16,6 @@ taken within one command:
   packed into one row (:mod:`repro.workers.varlen`);
 - ``rmpad_sdpa``: the same without the varlen path: rows of the padded width under
   transformers' ``sdpa`` attention with its block-causal mask (what CPU runs use);
-- ``rmpad_eager_norm``: ``rmpad`` with transformers' own RMSNorm instead of torch's fused kernel
-  (:mod:`repro.workers.rms_norm`; the same on CPU, where the norms are never fused);
 - ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers).
 
 Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
@@ -27,8 +25,11 @@ Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
     python -m repro.bench.rmpad --shape qwen3-0.6b --out results/rmpad/table.tsv   # 1 GPU
     python -m repro.bench.rmpad --shape tiny --prompt 32 --response 32 --min-response 4 --steps 1  # CPU smoke run
 
-``--profile DIR`` adds one update per case under torch.profiler: ``DIR/<case>_<round>/`` gets its
-trace and ``phases.md``, the time per phase beside each phase's ideal (:mod:`repro.bench.profile_phases`).
+``--host-ops`` counts, in one more update per case, the operators the host dispatches and the device
+syncs it waits on (the work of a launch-bound step; the same on any machine for one model depth and
+batch split). ``--profile DIR`` adds one update per case under torch.profiler: ``DIR/<case>_<round>/``
+gets its trace and ``phases.md``, the time per phase beside each phase's ideal
+(:mod:`repro.bench.profile_phases`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ from repro.bench.workers import _model_config, _sync, add_case_process_args, mak
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
-CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_eager_norm", "rmpad_lora")
-COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full")
+CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
+COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full",
+           "host_ops", "host_syncs")
 
 
 def _run_config(model_dir: str, case: str, args: argparse.Namespace):
@@ -115,7 +117,7 @@ def _child(args: argparse.Namespace) -> None:
         # one chunk of the whole micro-batch: the full-vocabulary fp32 computation
         logprob.token_log_probs.__kwdefaults__["chunk_elements"] = 1 << 62
     varlen.ENABLED = args.case != "rmpad_sdpa"
-    rms_norm.ENABLED = args.case != "rmpad_eager_norm"
+    rms_norm.MODE = args.norms
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
@@ -128,6 +130,7 @@ def _child(args: argparse.Namespace) -> None:
         worker.update_policy(batch)
         _sync()
         times.append(time.perf_counter() - start)
+    host = _host_ops(worker, batch) if args.host_ops else {}
     if args.profile:
         _profile(args, worker, batch)
     step_s = statistics.median(times[args.warmup:])
@@ -137,8 +140,27 @@ def _child(args: argparse.Namespace) -> None:
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
+        **host,
     }
     Path(args.result).write_text(json.dumps(row))
+
+
+def _host_ops(worker, batch: dict) -> dict[str, int]:
+    """What the host dispatches in one more update, counted by torch.profiler's CPU activity: the same
+    on any machine for a given model depth and batch split, and the work of a launch-bound GPU step.
+
+    ``host_ops``: operators with no operator around them, on any thread (those the Python code calls
+    and those the autograd engine runs backward): each is a dispatch and, on a GPU, one or more kernel
+    launches. ``host_syncs``: ``aten::_local_scalar_dense`` calls (``item()``, ``int(t)``,
+    ``tolist()``...), each of which waits for the GPU to drain.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        worker.update_policy(batch)
+    events = prof.events()
+    return {"host_ops": sum(1 for e in events if e.cpu_parent is None),
+            "host_syncs": sum(1 for e in events if e.name == "aten::_local_scalar_dense")}
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
@@ -171,6 +193,9 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path,
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--zero-stage", str(args.zero_stage), "--budget", str(args.budget)]
+    if args.host_ops:
+        cmd.append("--host-ops")
+    cmd += ["--norms", args.norms]
     if args.profile:
         cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -184,7 +209,9 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", default="qwen3-0.6b", help="qwen3-0.6b (GPU) or tiny (CPU smoke run)")
+    parser.add_argument("--shape", default="qwen3-0.6b",
+                        help="qwen3-0.6b (GPU), tiny (CPU smoke run) or qwen3-0.6b-narrow (the 0.6B's layers and "
+                             "vocabulary at a width a CPU runs: its --host-ops are the 0.6B's)")
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {list(CASES)}")
     parser.add_argument("--prompt", type=int, default=512, help="padded prompt length")
     parser.add_argument("--response", type=int, default=512, help="padded response length")
@@ -196,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
     parser.add_argument("--profile", default="",
                         help="folder: one more update per case under torch.profiler, and its phases.md")
+    parser.add_argument("--host-ops", action="store_true",
+                        help="count the operators and device syncs the host issues in one more update per case")
+    parser.add_argument("--norms", choices=("auto", "fused", "eager"), default="auto",
+                        help="RMSNorm form (repro.workers.rms_norm): auto = fused on CUDA in half precision")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
@@ -225,7 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)
         ratio = f"{r['real_tokens_per_s'] / base['real_tokens_per_s']:.3f}" if base else ""
         lines.append("\t".join([str(r["round"]), r["case"], str(r["varlen"]), f"{r['step_s']:.4f}", f"{r['real_tokens_per_s']:.1f}",
-                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio]))
+                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio,
+                                str(r.get("host_ops", "")), str(r.get("host_syncs", ""))]))
     table = "\n".join(lines)
     print(table, flush=True)
     if args.out:

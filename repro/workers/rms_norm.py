@@ -25,18 +25,24 @@ import types
 import torch
 import torch.nn.functional as F
 
-ENABLED = True
-"""Fuse where supported (the remove-padding benchmark turns it off to measure the eager norms on the
-same GPU)."""
+MODES = ("auto", "fused", "eager")
+MODE = "auto"
+"""``auto``: fused on CUDA in half precision only; ``fused``: everywhere (the remove-padding benchmark
+counts the host work of the fused form on CPU); ``eager``: never (the same benchmark's baseline on GPU)."""
 
 _MARK = "_repro_fused_rms_norm"
 
 
 def supported(dtype: torch.dtype) -> bool:
-    """True on CUDA workers in half precision: where the fused kernel exists and the bound above holds."""
+    """True on CUDA workers in half precision (``MODE`` ``auto``): where the fused kernel pays and the CPU
+    path stays exact; ``MODE`` forces either answer."""
     from repro.devices import on_cpu
 
-    return ENABLED and dtype in (torch.bfloat16, torch.float16) and not on_cpu()
+    if MODE not in MODES:
+        raise ValueError(f"repro.workers.rms_norm.MODE={MODE!r} is not valid; choose one of {list(MODES)}")
+    if MODE != "auto":
+        return MODE == "fused"
+    return dtype in (torch.bfloat16, torch.float16) and not on_cpu()
 
 
 def is_rms_norm(module: torch.nn.Module) -> bool:

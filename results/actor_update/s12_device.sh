@@ -5,6 +5,7 @@
 # trace stays on the machine). Each result is written to $OUT as soon as it exists.
 # Carry [".whl"] (../shared/tools/device-wheels.sh; no Ray needed).
 set -u
+n=0
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -14,10 +15,11 @@ mkdir -p "$O"
   python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
 } > "$O/env.txt" 2>&1
 W=/tmp/rmpad_work
-python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad,rmpad_eager_norm --rounds 1 --workdir $W \
-  --out "$O/rmpad_ab.tsv" > "$O/ab.log" 2>&1
-python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad_eager_norm,rmpad --rounds 1 --workdir $W \
-  --out "$O/rmpad_ba.tsv" > "$O/ba.log" 2>&1
+for form in fused eager eager fused; do  # A B B A, one model folder
+  n=$((n + 1))
+  python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad --rounds 1 --workdir $W --norms $form --host-ops \
+    --out "$O/rmpad_${n}_$form.tsv" > "$O/rmpad_${n}_$form.log" 2>&1
+done
 REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 python3 -m pytest tests/gpu_e2e/test_rms_norm_gpu.py -m gpu -q \
   -p no:cacheprovider > "$O/gpu_test.log" 2>&1
 python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad --rounds 1 --steps 1 --workdir $W \

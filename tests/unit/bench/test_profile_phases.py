@@ -157,7 +157,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     """rmpad's CPU smoke run with ``--profile``: hooks, ranges and the analysis on a real trace."""
     cmd = [sys.executable, "-m", "repro.bench.rmpad", "--shape", "tiny", "--prompt", "32", "--response", "32",
            "--min-response", "4", "--steps", "1", "--warmup", "1", "--rounds", "1", "--cases", "padded",
-           "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work")]
+           "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work"), "--host-ops"]
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=pythonpath(root))
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
@@ -182,3 +182,8 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     text = (folder / "phases.md").read_text()
     assert "| **step** |" in text and "| attention |" in text and "GFLOP" in text
     print(text)
+    # --host-ops: the same update's dispatches, far more than the model's modules (every layer's
+    # forward, backward and optimizer ops), and at least the varlen-free path's one sync per update
+    header, row = [line.split("\t") for line in done.stdout.strip().splitlines()[-2:]]
+    counts = dict(zip(header, row, strict=True))
+    assert int(counts["host_ops"]) > 200 and int(counts["host_syncs"]) >= 1, counts

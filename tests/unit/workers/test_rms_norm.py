@@ -100,3 +100,13 @@ def test_enable_changes_every_qwen3_norm_of_one_model_and_no_other_instance():
 def test_the_norms_are_not_fused_on_cpu_or_in_fp32():
     assert not rms_norm.supported(torch.bfloat16)  # the unit tests run with DS_ACCELERATOR=cpu
     assert not rms_norm.supported(torch.float32)
+
+
+def test_mode_forces_either_form_and_refuses_an_unknown_one(monkeypatch):
+    monkeypatch.setattr(rms_norm, "MODE", "fused")  # the benchmark's CPU count of the fused form's host work
+    assert rms_norm.supported(torch.float32)
+    monkeypatch.setattr(rms_norm, "MODE", "eager")
+    assert not rms_norm.supported(torch.bfloat16)
+    monkeypatch.setattr(rms_norm, "MODE", "on")
+    with pytest.raises(ValueError, match=r"MODE='on' is not valid; choose one of \['auto', 'fused', 'eager'\]"):
+        rms_norm.supported(torch.bfloat16)
