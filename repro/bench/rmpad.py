@@ -25,8 +25,8 @@ Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
     python -m repro.bench.rmpad --shape qwen3-0.6b --out results/rmpad/table.tsv   # 1 GPU
     python -m repro.bench.rmpad --shape tiny --prompt 32 --response 32 --min-response 4 --steps 1  # CPU smoke run
 
-``--host-ops`` counts, in one more update per case, the operators the host dispatches and the device
-syncs it waits on (the work of a launch-bound step; the same on any machine for one model depth and
+``--host-ops`` counts, in one more update per case, the operators the host dispatches (by issuer) and,
+on CUDA, the device syncs it waits on (the work of a launch-bound step; the same on any machine for one model depth and
 batch split). ``--profile DIR`` adds one update per case under torch.profiler: ``DIR/<case>_<round>/``
 gets its trace and ``phases.md``, the time per phase beside each phase's ideal
 (:mod:`repro.bench.profile_phases`).
@@ -145,22 +145,63 @@ def _child(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(row))
 
 
-def _host_ops(worker, batch: dict) -> dict[str, int]:
+_OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
+
+
+def _host_ops(worker, batch: dict) -> dict:
     """What the host dispatches in one more update, counted by torch.profiler's CPU activity: the same
     on any machine for a given model depth and batch split, and the work of a launch-bound GPU step.
 
-    ``host_ops``: operators with no operator around them, on any thread (those the Python code calls
-    and those the autograd engine runs backward): each is a dispatch and, on a GPU, one or more kernel
-    launches. ``host_syncs``: ``aten::_local_scalar_dense`` calls (``item()``, ``int(t)``,
-    ``tolist()``...), each of which waits for the GPU to drain.
+    ``host_ops``: operators (``aten::``, and the autograd engine's backward nodes) inside no other
+    operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
+    ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
+    stack; ``autograd`` for the backward nodes, ``other`` for torch itself). ``host_syncs`` (CUDA
+    only, one more update): the operations torch's sync debug mode flags as waiting for the GPU to
+    drain (``item()``, ``nonzero``, device-to-host copies...); not counted on a CPU, where every
+    tensor is a host tensor and such reads cost nothing.
     """
+    from collections import Counter
+
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         worker.update_policy(batch)
+
+    def is_op(e) -> bool:
+        return e.name.startswith(("aten::", "autograd::"))
+
+    by: Counter[str] = Counter()
     events = prof.events()
-    return {"host_ops": sum(1 for e in events if e.cpu_parent is None),
-            "host_syncs": sum(1 for e in events if e.name == "aten::_local_scalar_dense")}
+    for e in events:
+        if not is_op(e):
+            continue
+        frames, parent = [], e.cpu_parent
+        while parent is not None and not is_op(parent):
+            frames.append(parent.name)  # Python frames (with_stack), innermost first
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue  # inside another operator: part of its dispatch
+        owner = "autograd" if e.name.startswith("autograd::engine") else next(
+            (name for f in frames for key, name in _OWNERS if key in f), "other")
+        by[owner] += 1
+    return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()), "host_syncs": _device_syncs(worker, batch)}
+
+
+def _device_syncs(worker, batch: dict) -> int | str:
+    import warnings
+
+    import torch
+
+    if on_cpu():
+        return ""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            worker.update_policy(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum(1 for w in caught if "synchroniz" in str(w.message))
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
@@ -251,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             rows.append(_launch(args, case, model_dir, workdir, rnd))
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update", file=sys.stderr, flush=True)
+            if "host_ops_by" in rows[-1]:
+                print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
     lines = ["\t".join(COLUMNS)]
     for r in rows:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)

@@ -17,11 +17,15 @@ Only the positions that predict a response token need logits (:meth:`PackedBatch
 the padded path asks the model for the response's logits alone (``logits_to_keep``), and the
 packed path asks for the packed columns that hold those positions, so that the vocabulary-wide
 head and log-softmax do not run over the prompts.
+
+The index math runs on the host, from one copy of each mask: on a GPU, the per-sample ``nonzero``
+and ``tolist`` it replaced were a device sync each (about one a sample, on a host-bound step), and
+the indices go to the device without waiting (``non_blocking``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +45,8 @@ class PackedBatch:
     padded_index: torch.Tensor
     """Flat ``B * S`` index of the same token in the padded layout."""
     padded_shape: tuple[int, int]
+    host_index: tuple[torch.Tensor, torch.Tensor] = field(default=None, repr=False)  # type: ignore[assignment]
+    """``(packed_index, padded_index)`` on the host, for :meth:`response_slots`."""
 
     @property
     def next_token(self) -> torch.Tensor:
@@ -59,17 +65,19 @@ class PackedBatch:
         batch, seq = self.padded_shape
         resp = response_mask.shape[1]
         width = self.input_ids.shape[1]
-        packed_of = torch.full((batch * seq,), -1, dtype=torch.long, device=self.input_ids.device)
-        packed_of[self.padded_index] = self.packed_index
-        target = response_mask.reshape(-1).nonzero().squeeze(-1)
+        packed_host, padded_host = self.host_index
+        packed_of = torch.full((batch * seq,), -1, dtype=torch.long)
+        packed_of[padded_host] = packed_host
+        target = response_mask.detach().to("cpu").reshape(-1).nonzero().squeeze(-1)
         # response token t of sample i is predicted by padded position (i, S - R + t - 1)
         source = packed_of[(target // resp) * seq + (seq - resp) + target % resp - 1]
         if bool((source < 0).any()):
             raise ValueError("a response token follows a padding position (attention_mask 0 before it): "
                              "remove-padding needs real tokens before every response token")
         columns, column_of = torch.unique(source % width, return_inverse=True)
-        return ResponseSlots(columns=columns, row=source // width, column_of=column_of, target=target,
-                             shape=(batch, resp))
+        dev = self.input_ids.device
+        return ResponseSlots(columns=_to(columns, dev), row=_to(source // width, dev),
+                             column_of=_to(column_of, dev), target=_to(target, dev), shape=(batch, resp))
 
 
 @dataclass
@@ -98,28 +106,32 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     """Pack the real tokens of a padded ``[B, S]`` micro-batch into first-fit rows of at most
     ``min(capacity, S)`` tokens, or all into one row."""
     batch, seq = attention_mask.shape
-    mask = attention_mask.bool()
-    lengths = mask.sum(dim=1).tolist()
-    rows = first_fit(lengths, None if one_row else seq if capacity is None else min(capacity, seq))
-    width = max(sum(lengths[i] for i in row) for row in rows) if rows else 0
+    mask = attention_mask.detach().to("cpu", torch.bool)
+    lengths = mask.sum(dim=1)
+    rows = first_fit(lengths.tolist(), None if one_row else seq if capacity is None else min(capacity, seq))
+    order = torch.tensor([i for row in rows for i in row], dtype=torch.long)
+    # where each sample starts in the flat rows * width layout, samples back to back in row order
+    width = max([int(lengths[row].sum()) for row in rows] + [1])
+    row_of = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.long)
+    n = lengths[order]
+    in_row = torch.cat([lengths[row].cumsum(0) - lengths[row] for row in rows]) if rows else n
+    first = torch.cumsum(n, 0) - n
+    total = int(n.sum())
+    packed_host = torch.repeat_interleave(row_of * width + in_row - first, n, output_size=total) + torch.arange(total)
+    padded_host = (order[:, None] * seq + torch.arange(seq)).masked_select(mask[order])
     dev = input_ids.device
-    ids = torch.zeros(len(rows), max(width, 1), dtype=input_ids.dtype, device=dev)
-    pos = torch.zeros_like(ids, dtype=position_ids.dtype)
-    packed_parts, padded_parts = [], []
-    for r, row in enumerate(rows):
-        col = 0
-        for i in row:
-            src = mask[i].nonzero().squeeze(-1)
-            n = int(src.numel())
-            ids[r, col:col + n] = input_ids[i, src]
-            pos[r, col:col + n] = position_ids[i, src]
-            packed_parts.append(r * ids.shape[1] + col + torch.arange(n, device=dev))
-            padded_parts.append(i * seq + src)
-            col += n
-    empty = torch.zeros(0, dtype=torch.long, device=dev)
+    packed_index, padded_index = _to(packed_host, dev), _to(padded_host, dev)
+    ids = torch.zeros(len(rows) * width, dtype=input_ids.dtype, device=dev)
+    pos = torch.zeros(len(rows) * width, dtype=position_ids.dtype, device=dev)
+    ids[packed_index] = input_ids.reshape(-1)[padded_index]
+    pos[packed_index] = position_ids.reshape(-1)[padded_index]
     return PackedBatch(
-        input_ids=ids, position_ids=pos,
-        packed_index=torch.cat(packed_parts) if packed_parts else empty,
-        padded_index=torch.cat(padded_parts) if padded_parts else empty,
-        padded_shape=(batch, seq),
+        input_ids=ids.view(len(rows), width), position_ids=pos.view(len(rows), width),
+        packed_index=packed_index, padded_index=padded_index, padded_shape=(batch, seq),
+        host_index=(packed_host, padded_host),
     )
+
+
+def _to(index: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host index on ``device``, without waiting for the device (a no-op on the CPU)."""
+    return index.to(device, non_blocking=True)
