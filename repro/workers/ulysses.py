@@ -68,18 +68,12 @@ def _core_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     return _block_causal_sdpa(module, query, key, value, attention_mask, **kwargs)
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    # The Ulysses wrapper ignores the local-length mask; do not build one.
-    return None
-
-
 def enable(model: torch.nn.Module, sp: int, role: str) -> Any:
     """Put DeepSpeed's Ulysses attention on ``model`` (this role only); returns the ``mpu`` for
     ``deepspeed.initialize``. Every role with sp > 1 in a process must use the same sp."""
     from deepspeed.runtime.sequence_parallel import parallel_state_sp as mpu
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     if mpu._SEQUENCE_PARALLEL_GROUP is None:
         mpu.initialize_sequence_parallel(sequence_parallel_size=sp)
@@ -108,7 +102,8 @@ def enable(model: torch.nn.Module, sp: int, role: str) -> Any:
 
     key = f"repro_ulysses_{role}"
     AttentionInterface.register(key, wrapper)
-    AttentionMaskInterface.register(key, _no_mask)
+    # No mask function for the key: the wrapper ignores the local-length mask, and without one
+    # transformers skips mask creation (and its packed-sequence scan, a device sync) entirely.
     model.set_attn_implementation(key)
     return mpu
 

@@ -101,15 +101,15 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out.view(b, length, heads, dim), None
 
 
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
 def enable(model: torch.nn.Module) -> None:
-    """Put :func:`attention` on ``model`` only (under its own key, with no mask built)."""
+    """Put :func:`attention` on ``model`` only (under its own key, with no mask built).
+
+    No mask function is registered for the key on purpose: transformers then skips mask creation
+    altogether (``_preprocess_mask_arguments``' early exit for attention without a mask function),
+    where a registered one returning None still ran ``find_packed_sequence_indices`` first, a
+    device sync and a few kernels on every forward.
+    """
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(KEY, attention)
-    AttentionMaskInterface.register(KEY, _no_mask)
     model.set_attn_implementation(KEY)

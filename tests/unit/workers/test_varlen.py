@@ -4,6 +4,7 @@ of the packed rows (the CUDA comparison is in tests/gpu_e2e/test_varlen_gpu.py).
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -86,3 +87,29 @@ def test_packed_one_row_forward_through_the_varlen_function_equals_the_padded_ba
     # the padded rows' masked attention): tests/error_model.py's bound along the model's chain
     tol = float_tol(decoder_chain(cfg, p + r), padded.detach().abs().max(), torch.float64)
     assert (got - padded).abs().max().item() <= tol
+
+
+def test_the_varlen_key_makes_transformers_skip_mask_creation_and_its_packed_sequence_scan(monkeypatch):
+    # A registered mask function that returns None still let transformers scan the packed
+    # positions first (find_packed_sequence_indices: a device sync on every forward).
+    from transformers import masking_utils
+
+    from repro.data.tiny_model import PolicyShape, build_model, tiny_config
+
+    model = build_model(tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                    shape=PolicyShape(hidden_size=64, num_hidden_layers=1, intermediate_size=128)))
+    varlen.enable(model)
+
+    def scanned(*args, **kwargs):
+        raise AssertionError("find_packed_sequence_indices ran")
+
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", scanned)
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0]])
+    embeds = torch.zeros(1, 6, 64)
+    mask = masking_utils.create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None,
+                                            past_key_values=None, position_ids=pos)
+    assert mask is None
+    model.set_attn_implementation("sdpa")  # the same call under sdpa does scan: the patch is live
+    with pytest.raises(AssertionError, match="find_packed_sequence_indices ran"):
+        masking_utils.create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None,
+                                         past_key_values=None, position_ids=pos)
