@@ -155,7 +155,8 @@ def _host_ops(worker, batch: dict) -> dict:
     ``host_ops``: operators (``aten::``, and the autograd engine's backward nodes) inside no other
     operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
     ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
-    stack; ``autograd`` for the backward nodes, ``other`` for torch itself). ``host_syncs`` (CUDA
+    stack; ``autograd`` for the backward nodes, ``other`` for torch itself); ``host_ops_top``: the
+    twelve frames that issued most. ``host_syncs`` (CUDA
     only, one more update): the operations torch's sync debug mode flags as waiting for the GPU to
     drain (``item()``, ``nonzero``, device-to-host copies...); not counted on a CPU, where every
     tensor is a host tensor and such reads cost nothing.
@@ -171,6 +172,7 @@ def _host_ops(worker, batch: dict) -> dict:
         return e.name.startswith(("aten::", "autograd::"))
 
     by: Counter[str] = Counter()
+    frames_by: Counter[str] = Counter()
     events = prof.events()
     for e in events:
         if not is_op(e):
@@ -181,10 +183,12 @@ def _host_ops(worker, batch: dict) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
-        owner = "autograd" if e.name.startswith("autograd::engine") else next(
-            (name for f in frames for key, name in _OWNERS if key in f), "other")
-        by[owner] += 1
-    return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()), "host_syncs": _device_syncs(worker, batch)}
+        frame = "autograd" if e.name.startswith("autograd::engine") else next(
+            (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
+        by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
+        frames_by[frame.split("packages/")[-1]] += 1
+    return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()),
+            "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": _device_syncs(worker, batch)}
 
 
 def _device_syncs(worker, batch: dict) -> int | str:
@@ -294,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
+                for frame, count in rows[-1]["host_ops_top"].items():
+                    print(f"#   {count:6d}  {frame}", file=sys.stderr, flush=True)
     lines = ["\t".join(COLUMNS)]
     for r in rows:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)

@@ -107,18 +107,24 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
     ``min(capacity, S)`` tokens, or all into one row."""
     batch, seq = attention_mask.shape
     mask = attention_mask.detach().to("cpu", torch.bool)
-    lengths = mask.sum(dim=1)
-    rows = first_fit(lengths.tolist(), None if one_row else seq if capacity is None else min(capacity, seq))
-    order = torch.tensor([i for row in rows for i in row], dtype=torch.long)
+    lengths = mask.sum(dim=1).tolist()
+    rows = first_fit(lengths, None if one_row else seq if capacity is None else min(capacity, seq))
+    width = max([sum(lengths[i] for i in row) for row in rows] + [1])
     # where each sample starts in the flat rows * width layout, samples back to back in row order
-    width = max([int(lengths[row].sum()) for row in rows] + [1])
-    row_of = torch.tensor([r for r, row in enumerate(rows) for _ in row], dtype=torch.long)
-    n = lengths[order]
-    in_row = torch.cat([lengths[row].cumsum(0) - lengths[row] for row in rows]) if rows else n
-    first = torch.cumsum(n, 0) - n
-    total = int(n.sum())
-    packed_host = torch.repeat_interleave(row_of * width + in_row - first, n, output_size=total) + torch.arange(total)
-    padded_host = (order[:, None] * seq + torch.arange(seq)).masked_select(mask[order])
+    order, starts = [], []
+    for r, row in enumerate(rows):
+        col = r * width
+        for i in row:
+            order.append(i)
+            starts.append(col)
+            col += lengths[i]
+    n = torch.tensor([lengths[i] for i in order], dtype=torch.long)
+    total = int(sum(lengths))
+    # token k of a sample lands at its start + k: arange(total) counts k from the sample's first token
+    shift = torch.tensor(starts, dtype=torch.long) - (torch.cumsum(n, 0) - n)
+    packed_host = torch.repeat_interleave(shift, n, output_size=total) + torch.arange(total)
+    index = torch.tensor(order, dtype=torch.long)
+    padded_host = (index[:, None] * seq + torch.arange(seq)).masked_select(mask[index])
     dev = input_ids.device
     packed_index, padded_index = _to(packed_host, dev), _to(padded_host, dev)
     ids = torch.zeros(len(rows) * width, dtype=input_ids.dtype, device=dev)
