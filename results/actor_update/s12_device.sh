@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Session 12's one device call (issue 35), on one H100: torch's fused RMSNorm (repro/workers/rms_norm.py)
-# against transformers' eager norms in the 0.6B actor update, in both orders (AB then BA, one model
+# against transformers' eager norms in the 0.6B actor update, A B B A (fused, eager, eager, fused; one model
 # folder), then the GPU test of the fused kernel, then one profiled rmpad update (phases.md only: the
 # trace stays on the machine). Each result is written to $OUT as soon as it exists.
-# Carry [".whl"] (../shared/tools/device-wheels.sh; no Ray needed).
+# Carry [".whl"]: Python 3.12 wheels of deepspeed 0.19.8 (no compiled ops), hjson, pydantic and their
+# dependencies, which the device image lacks; no Ray needed.
 set -u
 n=0
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
