@@ -45,14 +45,16 @@ def supported(dtype: torch.dtype) -> bool:
     return dtype in (torch.bfloat16, torch.float16) and not on_cpu()
 
 
-def is_rms_norm(module: torch.nn.Module) -> bool:
-    """transformers' RMSNorm layout: a class named ``*RMSNorm`` with a 1-D ``weight`` and ``variance_epsilon``.
+# transformers' norms whose forward is exactly ``weight * normalise(x)`` with ``variance_epsilon``
+# (the Llama form Qwen3 copies). Not matched by name pattern: Gemma's norm scales by ``1 + weight``,
+# gated norms take a second input, and a fused forward there would be wrong, not slower.
+_LLAMA_FORM = frozenset({"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "Qwen3MoeRMSNorm"})
 
-    Gemma's norm (``1 + weight``) and norms without a weight do not match, so they keep their forward.
-    """
-    weight = getattr(module, "weight", None)
-    return (type(module).__name__.endswith("RMSNorm") and isinstance(weight, torch.Tensor)
-            and hasattr(module, "variance_epsilon") and "Gemma" not in type(module).__name__)
+
+def is_rms_norm(module: torch.nn.Module) -> bool:
+    """One of transformers' Llama-form RMSNorms (``_LLAMA_FORM``), with its ``weight`` and ``variance_epsilon``."""
+    return (type(module).__name__ in _LLAMA_FORM and isinstance(getattr(module, "weight", None), torch.Tensor)
+            and hasattr(module, "variance_epsilon"))
 
 
 def _fused_forward(self: torch.nn.Module, hidden_states: torch.Tensor) -> torch.Tensor:

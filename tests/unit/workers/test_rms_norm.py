@@ -110,3 +110,15 @@ def test_mode_forces_either_form_and_refuses_an_unknown_one(monkeypatch):
     monkeypatch.setattr(rms_norm, "MODE", "on")
     with pytest.raises(ValueError, match=r"MODE='on' is not valid; choose one of \['auto', 'fused', 'eager'\]"):
         rms_norm.supported(torch.bfloat16)
+
+
+def test_every_norm_class_fused_has_the_llama_forms_forward_in_this_transformers():
+    # the fused forward replaces these classes' forward: it must be the one form it computes
+    import importlib
+    import inspect
+
+    reference = inspect.getsource(Qwen3RMSNorm.forward)
+    for name in rms_norm._LLAMA_FORM:
+        model = name.removesuffix("RMSNorm").lower().replace("qwen3moe", "qwen3_moe")
+        cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_{model}"), name)
+        assert inspect.getsource(cls.forward) == reference, name
