@@ -69,9 +69,10 @@ def _model_config(shape: str):
     if shape == "qwen3-0.6b":
         return qwen3_0p6b_config()
     if shape == "qwen3-0.6b-narrow":  # same layers, norms, GQA ratio and vocabulary: the same ops, fewer FLOPs
-        return qwen3_0p6b_config().__class__(**{**qwen3_0p6b_config().to_dict(), "hidden_size": 64, "head_dim": 16,
-                                                "intermediate_size": 128, "num_attention_heads": 2,
-                                                "num_key_value_heads": 1})
+        config = qwen3_0p6b_config()
+        config.update({"hidden_size": 64, "head_dim": 16, "intermediate_size": 128, "num_attention_heads": 2,
+                       "num_key_value_heads": 1})
+        return config
     if shape == "tiny":
         return tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                            shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128,

@@ -45,7 +45,7 @@ class PackedBatch:
     padded_index: torch.Tensor
     """Flat ``B * S`` index of the same token in the padded layout."""
     padded_shape: tuple[int, int]
-    host_index: tuple[torch.Tensor, torch.Tensor] = field(default=None, repr=False)  # type: ignore[assignment]
+    host_index: tuple[torch.Tensor, torch.Tensor] = field(repr=False)
     """``(packed_index, padded_index)`` on the host, for :meth:`response_slots`."""
 
     @property
@@ -119,7 +119,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: to
             starts.append(col)
             col += lengths[i]
     n = torch.tensor([lengths[i] for i in order], dtype=torch.long)
-    total = int(sum(lengths))
+    total = sum(lengths)
     # token k of a sample lands at its start + k: arange(total) counts k from the sample's first token
     shift = torch.tensor(starts, dtype=torch.long) - (torch.cumsum(n, 0) - n)
     packed_host = torch.repeat_interleave(shift, n, output_size=total) + torch.arange(total)
