@@ -156,10 +156,10 @@ def _host_ops(worker, batch: dict) -> dict:
     operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
     ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
     stack; ``autograd`` for the backward nodes, ``other`` for torch itself); ``host_ops_top``: the
-    twelve frames that issued most. ``host_syncs`` (CUDA
-    only, one more update): the operations torch's sync debug mode flags as waiting for the GPU to
-    drain (``item()``, ``nonzero``, device-to-host copies...); not counted on a CPU, where every
-    tensor is a host tensor and such reads cost nothing.
+    twelve frames that issued most. ``host_syncs`` (CUDA only, one more update): the operations
+    torch's sync debug mode flags as waiting for the GPU to drain (``item()``, ``nonzero``,
+    device-to-host copies...); not counted on a CPU, where every tensor is a host tensor and such
+    reads cost nothing.
     """
     from collections import Counter
 
