@@ -5,7 +5,9 @@ it returns, so a record that stops growing means a rank that stopped issuing and
 The job is called hung when, for ``stall_s`` seconds, no live rank's record grew *and* some live
 rank has a traced call (or wait) that never returned, or some rank has already exited (the live
 ones then wait for it, maybe in a collective run below the Python API): ranks that merely compute
-for a long time between collectives have nothing outstanding and are left alone. A rank whose
+for a long time between collectives have nothing outstanding and are left alone. A rank that has
+not issued its first traced call yet may still be starting: until every live rank has, a stall
+needs :data:`START_GRACE_S` (unless a rank has exited). A rank whose
 script has returned writes an ``end`` event; it is not waiting for anyone, however long its
 interpreter takes to tear down. Ranks started by ``repro.collectives_trace run`` dump their Python
 stacks to stderr (their log) on :data:`STACK_SIGNAL`, through :func:`faulthandler.register`.
@@ -50,6 +52,11 @@ from repro.collectives.events import read_trace_file
 
 STACK_SIGNAL = signal.SIGUSR1
 _WATCH_POLL_S = 0.5
+START_GRACE_S = 60.0
+"""While a live rank has no record yet (no traced call so far) and no rank has exited, the job may still
+be starting: ranks launched together need not reach their first collective together (an interpreter
+and its torch import can take longer than a short ``stall_s`` on a loaded machine, and the rank that
+got there first waits for it). A stall then needs this long, not ``stall_s``."""
 
 
 def register_stack_dump() -> None:
@@ -103,6 +110,9 @@ class ProgressWatch:
         if self.idle_s() < self.stall_s:
             return False
         waiting = [r for r in live if not self._ended(r)]  # not those tearing down after the script
+        starting = not finished and any(not (self.out_dir / f"rank{r}.jsonl").exists() for r in live)
+        if starting and self.idle_s() < max(self.stall_s, START_GRACE_S):
+            return False
         return bool(waiting) and (finished or self.outstanding(waiting))
 
     def _ended(self, rank: int) -> bool:

@@ -177,3 +177,32 @@ def test_free_port_draws_below_the_ephemeral_range_and_skips_a_port_someone_hold
     monkeypatch.undo()
     for _ in range(20):
         assert launcher._PORT_FLOOR <= launcher.free_port() < low
+
+
+def test_a_rank_that_has_not_issued_its_first_call_gets_the_start_grace_not_the_stall_window(tmp_path, monkeypatch):
+    # CI under load: rank 1 waited in its first collective while rank 0 was still importing torch,
+    # and a 3 s stall window called that a hang.
+    import json
+
+    from repro.collectives.launch import stall
+
+    call = {"ev": "call", "rank": 1, "index": 0, "op": "all_reduce", "group": "0", "ranks": [0, 1],
+            "group_seq": 1, "numel": 4, "dtype": "float32", "site": "job.py:3 <module>", "t": 0.0}
+    (tmp_path / "rank1.jsonl").write_text(json.dumps({"ev": "meta", "rank": 1}) + "\n" + json.dumps(call) + "\n")
+    now = [1000.0]
+    monkeypatch.setattr(stall.time, "monotonic", lambda: now[0])
+    watch = stall.ProgressWatch(tmp_path, stall_s=3.0)
+    now[0] += 0.1
+    watch.stalled([0, 1])  # first poll sees rank 1's record
+    now[0] += 10.0  # past stall_s, within the grace: rank 0 may still be starting
+    assert not watch.stalled([0, 1])
+    now[0] += 1.0  # the watch polls at most every 0.5 s
+    assert watch.stalled([0, 1], finished=True)  # a rank has exited: nobody is starting any more
+    now[0] += stall.START_GRACE_S
+    assert watch.stalled([0, 1])  # past the grace: a hang
+    (tmp_path / "rank0.jsonl").write_text(json.dumps({"ev": "meta", "rank": 0}) + "\n")
+    watch = stall.ProgressWatch(tmp_path, stall_s=3.0)
+    now[0] += 0.1
+    watch.stalled([0, 1])
+    now[0] += 10.0  # both have records: the stall window applies as before
+    assert watch.stalled([0, 1])
