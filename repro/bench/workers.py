@@ -204,8 +204,8 @@ def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
     on_cuda = dev.type == "cuda"
     # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
     model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)
-    if on_cuda:
-        rms_norm.enable(model)  # it computes in bf16 (below): the same norm kernels as the DeepSpeed runners
+    if rms_norm.supported(torch.bfloat16 if on_cuda else torch.float32):
+        rms_norm.enable(model)  # it computes in bf16 on CUDA (below): the norms the DeepSpeed runners get
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_cuda else torch.float32, reduce_dtype=torch.float32)
     # fully_shard's default mesh is CUDA whenever a GPU is visible, DS_ACCELERATOR=cpu or not.
     mesh = init_device_mesh(dev.type, (torch.distributed.get_world_size(),))
