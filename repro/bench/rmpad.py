@@ -159,7 +159,7 @@ def _host_ops(worker, batch: dict) -> dict:
     twelve frames that issued most. ``host_syncs`` (CUDA only, one more update): the operations
     torch's sync debug mode flags as waiting for the GPU to drain (``item()``, ``nonzero``,
     device-to-host copies...); not counted on a CPU, where every tensor is a host tensor and such
-    reads cost nothing.
+    reads cost nothing. ``host_sync_sites``: those syncs by the Python line that issued them (:func:`sync_sites`).
     """
     from collections import Counter
 
@@ -183,21 +183,32 @@ def _host_ops(worker, batch: dict) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
+        frames = frames or list(e.stack or ())  # where the Python tracer's frames are not the op's parents
         frame = "autograd" if e.name.startswith("autograd::engine") else next(
             (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
         by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
         frames_by[frame.split("packages/")[-1]] += 1
+    syncs, sync_sites = _device_syncs(worker, batch)
     return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()),
-            "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": _device_syncs(worker, batch)}
+            "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": syncs, "host_sync_sites": sync_sites}
 
 
-def _device_syncs(worker, batch: dict) -> int | str:
+def sync_sites(caught: list) -> tuple[int, dict[str, int]]:
+    """The sync debug mode's warnings: how many, and by the Python line that issued each (the warning's
+    own file and line: torch attributes it to the frame that called the synchronising operator)."""
+    from collections import Counter
+
+    sites = Counter(f"{w.filename.split('packages/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    return sum(sites.values()), dict(sites.most_common(12))
+
+
+def _device_syncs(worker, batch: dict) -> tuple[int | str, dict[str, int]]:
     import warnings
 
     import torch
 
     if on_cpu():
-        return ""
+        return "", {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
@@ -205,7 +216,7 @@ def _device_syncs(worker, batch: dict) -> int | str:
             worker.update_policy(batch)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return sum(1 for w in caught if "synchroniz" in str(w.message))
+    return sync_sites(caught)
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
@@ -300,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():
                     print(f"#   {count:6d}  {frame}", file=sys.stderr, flush=True)
+                for site, count in rows[-1]["host_sync_sites"].items():
+                    print(f"#   {count:6d}  device sync at {site}", file=sys.stderr, flush=True)
     lines = ["\t".join(COLUMNS)]
     for r in rows:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)

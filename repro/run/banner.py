@@ -17,7 +17,8 @@ from repro.config.rules import plan_role_batch
 _PLACE = {"cpu_offload": "cpu", "device": "device", "none": "none"}
 
 
-def _engine_words(setup: dict[str, Any] | None) -> str:
+def engine_words(setup: dict[str, Any] | None) -> str:
+    """ZeRO stage and offload as the built engine reports them (also the verl engine's own line)."""
     if setup is None:
         return "no engine (frozen, plain module)"
     return (f"ZeRO-{setup['stage']}, offload (read back) optimizer={_PLACE.get(setup['optimizer'], setup['optimizer'])}"
@@ -31,9 +32,11 @@ def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
     split = (f"token budget {plan.max_token_len}/micro-batch" if plan.dynamic
              else f"micro {plan.micro} x GAS {plan.gas}")
     sp_read = f" (read back sp {setup['sp']})" if setup and setup.get("sp", 1) > 1 else ""
-    words = [_engine_words(setup), f"dp {plan.dp} x sp {plan.sp}{sp_read}", f"{split} per rank",
+    words = [engine_words(setup), f"dp {plan.dp} x sp {plan.sp}{sp_read}", f"{split} per rank",
              f"{plan.num_mini_batches} mini-batch(es) x {section.ppo_epochs} epoch(s)/step",
              "remove-padding " + ("on" if model.use_remove_padding else "off")]
+    if setup and setup.get("fused_rms_norms"):  # 0 on a CPU; on CUDA in half precision every norm
+        words.append(f"fused RMSNorm (read back: {setup['fused_rms_norms']} norms)")
     if role == "actor":
         lora = f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off"
         if setup and setup.get("lora_layers"):
@@ -80,7 +83,7 @@ def banner_lines(cfg: RunConfig, engines: dict[str, dict[str, Any]], *, gpu: boo
     lines.append(_role_line(cfg, "actor", engines.get("actor")))
     if ref_policy_used(cfg):
         ref = ("the actor with its LoRA adapters disabled" if arr.model.lora_rank
-               else _engine_words(engines.get("ref")))
+               else engine_words(engines.get("ref")))
         lines.append(f"  ref: {ref}")
     if critic_enabled(cfg):
         lines.append(_role_line(cfg, "critic", engines.get("critic")))

@@ -34,6 +34,7 @@ from repro.integrations.verl import model_io
 from repro.integrations.verl.checkpointing import load_engine, save_engine
 from repro.integrations.verl.config import DeepSpeedEngineConfig, repro_model, repro_optim
 from repro.integrations.verl.platform import use_cpu_platform_if_cpu
+from repro.run import banner
 from repro.workers import checkpoint, lora, ulysses
 from repro.workers.engine import RoleEngine, load_hf_model, torch_dtype
 
@@ -121,6 +122,25 @@ class DeepSpeedEngine(BaseEngine):
                 group = dist.new_group(list(range(r, world, self.sp)))
                 if r == sp_rank:
                     self._dp_group = group
+        if dist.get_rank() == 0:
+            print(self.setup_line(), flush=True)
+
+    def setup_line(self) -> str:
+        """What the built engine reports (``RoleEngine.report``) in the words of repro's own banner: verl
+        prints the config it composed, never what an engine did with it (a run's proof of ZeRO stage,
+        offload, the SP group, LoRA and the fused norms is this line, on rank 0's console)."""
+        rep = self.role.report()
+        kind = "critic" if self.value_head else ("reference" if self.forward_only else "actor")
+        engine = rep["stage"] is not None
+        sp_read = f" (read back sp {rep['sp']})" if engine and max(self.sp, rep["sp"]) > 1 else ""  # as the banner
+        words = [banner.engine_words(rep if engine else None),
+                 f"dp {dist.get_world_size() // self.sp} x sp {self.sp}{sp_read}", f"attention {rep['attention']}"]
+        if rep["fused_rms_norms"]:
+            words.append(f"fused RMSNorm (read back: {rep['fused_rms_norms']} norms)")
+        if rep["lora_layers"]:
+            words.append(f"LoRA (read back: {rep['lora_layers']} adapter layers, "
+                         f"{rep['optimizer_base_params']} base params in the optimizer)")
+        return f"repro DeepSpeed engine, {kind}: " + ", ".join(words)
 
     # ---- verl's getters ----------------------------------------------------------------------
     @property

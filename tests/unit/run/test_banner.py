@@ -54,3 +54,10 @@ def test_lora_sp_and_the_rollout_show_what_the_engines_read_back():
     # a LoRA config whose engine holds no adapter prints no adapter count
     bare = _banner("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
     assert "read back:" not in bare[1]
+
+
+def test_the_fused_norms_show_only_where_the_engine_runs_them():
+    # rms_norm.fused_count is 0 on a CPU (eager norms) and every norm on CUDA in half precision.
+    fused = _banner(engines={"actor": {**ZERO2["actor"], "fused_rms_norms": 113}})
+    assert ", fused RMSNorm (read back: 113 norms), " in fused[1]
+    assert "RMSNorm" not in _banner(engines={"actor": {**ZERO2["actor"], "fused_rms_norms": 0}})[1]

@@ -96,7 +96,7 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
             result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine),
                       "offloaded": (engine.is_optimizer_offload_enabled, engine.is_param_offload_enabled,
                                     sorted(k for k in engine.role.ds_config["zero_optimization"] if "offload" in k)),
-                      "engaged": engine.role.report()}
+                      "engaged": engine.role.report(), "setup_line": engine.setup_line()}
             if name == "actor_lora":  # the LoRA reference: the trained actor with its adapters off
                 result["infer"] = h.infer_log_probs(engine, rank, world)
                 result["infer_base"] = h.infer_log_probs(engine, rank, world, base=True)
@@ -125,7 +125,8 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
     grads: dict = {}
     h.capture_grads(engine, grads)
     out[(2, "actor_ulysses")] = {"init": h.full_params(engine), "steps": h.engine_steps(engine, loss_fn, rank, world),
-                                 "grads": grads, "final": h.full_params(engine), "engaged": engine.role.report()}
+                                 "grads": grads, "final": h.full_params(engine), "engaged": engine.role.report(),
+                                 "setup_line": engine.setup_line()}
     return out
 
 
@@ -247,6 +248,8 @@ def test_ulysses_engine_matches_the_reference(trained: dict) -> None:
         assert_engaged(rank["engaged"], 2, CASES["actor"], sp=2)
     assert [s["grad_norm"] for s in ranks[1]["steps"]] == [None] * h.STEPS  # verl: outputs on sp rank 0 only
     h.assert_params_close("Ulysses rank parity", ranks[1]["final"], ranks[0]["final"], tol=0.0)
+    assert ranks[0]["setup_line"] == ("repro DeepSpeed engine, actor: ZeRO-2, offload (read back) optimizer=device "
+                                      "param=device, dp 1 x sp 2 (read back sp 2), attention repro_ulysses_actor")
     check_case(ranks[:1], "actor_ulysses", trained["model_dir"], case_name="actor")
 
 
@@ -332,3 +335,22 @@ def test_engine_checkpoint_resumes_bitwise(trained: dict, tmp_path: pathlib.Path
             want = trained["ranks"][rank][key]
             assert got[key]["steps"] == want["steps"][2:], (key, rank, got[key]["steps"], want["steps"][2:])
             h.assert_params_close(f"{key} resumed step 3", got[key]["final"], want["final"], tol=0.0)
+
+
+@pytest.mark.parametrize("stage,name,words", [
+    (2, "actor", "actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, attention "),
+    (3, "actor_offload", "actor: ZeRO-3, offload (read back) optimizer=cpu param=cpu, dp 2 x sp 1, attention "),
+    (2, "critic", "critic: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, attention "),
+])
+def test_the_engine_line_says_what_the_built_engine_reports(trained: dict, stage: int, name: str, words: str) -> None:
+    """Rank 0 prints this line when the engine is built: verl's console shows the config it composed, and this
+    line what the engine made of it (ZeRO-3's offload of both, read back, not the ``offload=cpu`` asked)."""
+    rank = trained["ranks"][0][(stage, name)]
+    assert rank["setup_line"].startswith("repro DeepSpeed engine, " + words), rank["setup_line"]
+    assert "RMSNorm" not in rank["setup_line"]  # eager norms on a CPU (rms_norm.fused_count is 0)
+
+
+def test_the_lora_engine_line_counts_adapters_and_no_base_parameter(trained: dict) -> None:
+    line, engaged = (trained["ranks"][0][(2, "actor_lora")][k] for k in ("setup_line", "engaged"))
+    assert line.endswith(f", LoRA (read back: {engaged['lora_layers']} adapter layers, 0 base params in the optimizer)")
+    assert engaged["lora_layers"] > 0
