@@ -11,7 +11,7 @@ own attention), with no mask built at all.
 The samples come from the ``position_ids``: a sample starts wherever the position does not
 grow by one (the rule of :mod:`repro.workers.ulysses`), and every row starts one. The pad
 tokens of a row's tail sit at position 0, each a one-token sample that no real token sees.
-The boundaries are computed once per forward (one host sync for their count) and reused by
+The boundaries are computed once per forward (two host syncs: their count and the longest) and reused by
 every layer, and by the recomputation of gradient checkpointing.
 
 CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
@@ -52,7 +52,7 @@ def cu_seqlens(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     starts = torch.ones_like(position_ids, dtype=torch.bool)
     starts[:, 1:] = (position_ids[:, 1:] - position_ids[:, :-1]) != 1
     first = starts.reshape(-1).nonzero().squeeze(-1)
-    total = torch.tensor([position_ids.numel()], device=first.device, dtype=first.dtype)
+    total = first.new_full((1,), position_ids.numel())  # made on the device: no host copy to wait for
     bounds = torch.cat([first, total])
     return bounds.to(torch.int32), int((bounds[1:] - bounds[:-1]).max())
 

@@ -181,3 +181,26 @@ def test_a_trimmed_forward_gives_every_response_token_the_full_width_log_prob():
     # attention sum (exact zeros): the error model's bound along the model's chain.
     tol = float_tol(decoder_chain(cfg, p + r), full.detach().abs().max(), torch.float64)
     assert (got - full).abs().max().item() <= tol
+
+
+def test_select_copies_the_index_to_a_device_once_not_once_per_key():
+    # On a GPU each host-to-device copy of the index waits for the device; "meta" stands in for it here
+    # (a real device for the dispatcher: every copy to it is an aten::_to_copy).
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CopiesToMeta(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and str(kwargs.get("device")) == "meta":
+                CopiesToMeta.n += 1
+            return func(*args, **kwargs)
+
+    batch = {k: torch.zeros(6, 4, device="meta") for k in ("input_ids", "attention_mask", "position_ids",
+                                                            "responses", "response_mask", "old_log_probs")}
+    batch["host_side"] = torch.arange(6)
+    with CopiesToMeta():
+        out = select(batch, [5, 0, 3])
+    assert CopiesToMeta.n == 1
+    assert out["input_ids"].shape == (3, 4) and out["host_side"].tolist() == [5, 0, 3]
