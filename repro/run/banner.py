@@ -25,24 +25,36 @@ def engine_words(setup: dict[str, Any] | None) -> str:
             f" param={_PLACE.get(setup['param'], setup['param'])}")
 
 
+def layout_words(dp: int, sp: int, setup: dict[str, Any] | None) -> str:
+    """``dp D x sp S``, and the SP group the engine reports wherever either side is above 1."""
+    read = f" (read back sp {setup['sp']})" if setup and "sp" in setup and max(sp, setup["sp"]) > 1 else ""
+    return f"dp {dp} x sp {sp}{read}"
+
+
+def fused_norm_words(setup: dict[str, Any] | None) -> list[str]:
+    """The norms running torch's fused kernel, as counted on the module (none on a CPU)."""
+    return [f"fused RMSNorm (read back: {setup['fused_rms_norms']} norms)"] if setup and setup.get("fused_rms_norms") else []
+
+
+def lora_readback(setup: dict[str, Any] | None) -> str:
+    """The adapters the module holds and the base parameters the optimizer holds ('' without adapters)."""
+    if not (setup and setup.get("lora_layers")):
+        return ""
+    return f" (read back: {setup['lora_layers']} adapter layers, {setup['optimizer_base_params']} base params in the optimizer)"
+
+
 def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
     section = cfg.critic if role == "critic" else cfg.actor_rollout_ref.actor
     model = cfg.critic.model if role == "critic" else cfg.actor_rollout_ref.model
     plan = plan_role_batch(cfg, role)
     split = (f"token budget {plan.max_token_len}/micro-batch" if plan.dynamic
              else f"micro {plan.micro} x GAS {plan.gas}")
-    sp_read = f" (read back sp {setup['sp']})" if setup and setup.get("sp", 1) > 1 else ""
-    words = [engine_words(setup), f"dp {plan.dp} x sp {plan.sp}{sp_read}", f"{split} per rank",
+    words = [engine_words(setup), layout_words(plan.dp, plan.sp, setup), f"{split} per rank",
              f"{plan.num_mini_batches} mini-batch(es) x {section.ppo_epochs} epoch(s)/step",
-             "remove-padding " + ("on" if model.use_remove_padding else "off")]
-    if setup and setup.get("fused_rms_norms"):  # 0 on a CPU; on CUDA in half precision every norm
-        words.append(f"fused RMSNorm (read back: {setup['fused_rms_norms']} norms)")
+             "remove-padding " + ("on" if model.use_remove_padding else "off"), *fused_norm_words(setup)]
     if role == "actor":
         lora = f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off"
-        if setup and setup.get("lora_layers"):
-            lora += (f" (read back: {setup['lora_layers']} adapter layers, "
-                     f"{setup['optimizer_base_params']} base params in the optimizer)")
-        words.append(lora)
+        words.append(lora + lora_readback(setup))
     return f"  {role}: " + ", ".join(words)
 
 

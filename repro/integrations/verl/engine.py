@@ -131,15 +131,11 @@ class DeepSpeedEngine(BaseEngine):
         offload, the SP group, LoRA and the fused norms is this line, on rank 0's console)."""
         rep = self.role.report()
         kind = "critic" if self.value_head else ("reference" if self.forward_only else "actor")
-        engine = rep["stage"] is not None
-        sp_read = f" (read back sp {rep['sp']})" if engine and max(self.sp, rep["sp"]) > 1 else ""  # as the banner
-        words = [banner.engine_words(rep if engine else None),
-                 f"dp {dist.get_world_size() // self.sp} x sp {self.sp}{sp_read}", f"attention {rep['attention']}"]
-        if rep["fused_rms_norms"]:
-            words.append(f"fused RMSNorm (read back: {rep['fused_rms_norms']} norms)")
+        built = rep if rep["stage"] is not None else None  # a forward-only module has no DeepSpeed engine
+        words = [banner.engine_words(built), banner.layout_words(dist.get_world_size() // self.sp, self.sp, built),
+                 f"attention {rep['attention']}", *banner.fused_norm_words(rep)]
         if rep["lora_layers"]:
-            words.append(f"LoRA (read back: {rep['lora_layers']} adapter layers, "
-                         f"{rep['optimizer_base_params']} base params in the optimizer)")
+            words.append("LoRA" + banner.lora_readback(rep))
         return f"repro DeepSpeed engine, {kind}: " + ", ".join(words)
 
     # ---- verl's getters ----------------------------------------------------------------------

@@ -61,3 +61,9 @@ def test_the_fused_norms_show_only_where_the_engine_runs_them():
     fused = _banner(engines={"actor": {**ZERO2["actor"], "fused_rms_norms": 113}})
     assert ", fused RMSNorm (read back: 113 norms), " in fused[1]
     assert "RMSNorm" not in _banner(engines={"actor": {**ZERO2["actor"], "fused_rms_norms": 0}})[1]
+
+
+def test_an_sp_group_the_engine_did_not_build_shows_as_read_back():
+    # asked for sp=2, the engine reports no sequence-parallel group: the banner says so, not the config
+    lines = _banner("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", engines={"actor": {**ZERO2["actor"], "sp": 1}})
+    assert "dp 1 x sp 2 (read back sp 1)" in lines[1]
