@@ -183,7 +183,6 @@ def _host_ops(worker, batch: dict) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
-        frames = frames or list(e.stack or ())  # where the Python tracer's frames are not the op's parents
         frame = "autograd" if e.name.startswith("autograd::engine") else next(
             (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
         by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
