@@ -8,7 +8,8 @@
 #   rm -rf .ab_before && mkdir .ab_before && git archive 49e2631 repro | tar -x -C .ab_before
 #   grep -qx /.ab_before/ .git/info/exclude || echo /.ab_before/ >> .git/info/exclude
 # The device call (one H100), carrying [".whl", ".ab_before"]:   bash results/actor_update/ab_device.sh 0 16384
-# Each run's .tsv and .log land in $OUT as soon as they exist; the bench's model folder is shared by all runs.
+# ORDER="after before before after" runs B A A B: if the middle runs are slower whatever their tree, A B B A's verdict
+# was the order's. Each run's .tsv and .log land in $OUT as soon as they exist; the bench's model folder is shared by all runs.
 set -u
 budgets=("${@:-0}")
 [ -d .ab_before/repro ] || { echo "no .ab_before/repro: make it with git archive (see the header)" >&2; exit 2; }
@@ -19,7 +20,7 @@ mkdir -p "$O"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'; } > "$O/env.txt" 2>&1
 for b in "${budgets[@]}"; do
   n=0
-  for side in before after after before; do  # A B B A
+  for side in ${ORDER:-before after after before}; do  # A B B A unless ORDER says otherwise (B A A B: the position control)
     n=$((n + 1))
     root=$PWD; [ "$side" = before ] && root=$PWD/.ab_before
     # From $root: `python -m` puts the working directory first on sys.path, and the bench's per-case child
