@@ -40,10 +40,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from repro.bench.workdir import open_workdir
 from repro.bench.workers import _model_config, _sync, add_case_process_args, make_model_dir
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
@@ -241,8 +241,8 @@ def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
     print(text, flush=True)
 
 
-def _launch(args: argparse.Namespace, case: str, model_dir: Path, workdir: Path, rnd: int) -> dict:
-    result, log = workdir / f"{case}_{rnd}.json", workdir / f"{case}_{rnd}.log"
+def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path, rnd: int) -> dict:
+    result, log = run_dir / f"{case}_{rnd}.json", run_dir / f"{case}_{rnd}.log"
     cmd = [sys.executable, "-m", "repro.bench.rmpad", "--child", "--case", case, "--model-dir", str(model_dir),
            "--result", str(result), "--shape", args.shape, "--prompt", str(args.prompt),
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
@@ -298,13 +298,12 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: --cases {bad[0]!r} is not valid; choose from {list(CASES)}", file=sys.stderr)
         return 2
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="repro_rmpad_"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir, run_dir = open_workdir(args.workdir, "repro_rmpad_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []
     for rnd in range(args.rounds):
         for case in cases:
-            rows.append(_launch(args, case, model_dir, workdir, rnd))
+            rows.append(_launch(args, case, model_dir, run_dir, rnd))
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)

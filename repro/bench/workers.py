@@ -40,10 +40,10 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from repro.bench.workdir import open_workdir, save_once
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
@@ -81,16 +81,16 @@ def _model_config(shape: str):
 
 
 def make_model_dir(shape: str, out: Path) -> Path:
-    """A randomly initialised model of ``shape`` saved as a Hugging Face folder (once)."""
-    if (out / "config.json").is_file():
-        return out
-    import torch
+    """A randomly initialised model of ``shape`` saved as a Hugging Face folder (once, shared by invocations)."""
+    def write(folder: Path) -> None:
+        import torch
 
-    from repro.data.tiny_model import build_model
+        from repro.data.tiny_model import build_model
 
-    model = build_model(_model_config(shape), seed=0, dtype=torch.bfloat16 if shape != "tiny" else torch.float32)
-    model.save_pretrained(out, safe_serialization=True)
-    return out
+        model = build_model(_model_config(shape), seed=0, dtype=torch.bfloat16 if shape != "tiny" else torch.float32)
+        model.save_pretrained(folder, safe_serialization=True)
+
+    return save_once(out, write)
 
 
 def _run_config(model_dir: str, case: str, args: argparse.Namespace, world: int):
@@ -135,7 +135,8 @@ def _batch(args: argparse.Namespace, vocab: int, rank: int):
 
 def add_case_process_args(parser: argparse.ArgumentParser) -> None:
     """Output options, and the hidden ones by which a benchmark runs each case in a child process."""
-    parser.add_argument("--workdir", default=None, help="model folder, logs and per-case results")
+    parser.add_argument("--workdir", default=None,
+                        help="the model folder (shared) and, in a run_* folder of each command's own, logs and results")
     parser.add_argument("--out", default=None, help="also write the TSV here")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
@@ -278,11 +279,11 @@ def _child(args: argparse.Namespace) -> None:
     dist.barrier()
 
 
-def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, workdir: Path, round_: int = 0) -> dict:
+def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, run_dir: Path, round_: int = 0) -> dict:
     """Start ``nproc`` rank processes for one (case, runner), torchrun-style, and read rank 0's row."""
     port = free_port()
-    result = workdir / f"{case}_{runner}_r{round_}.json"
-    log = workdir / f"{case}_{runner}_r{round_}.log"
+    result = run_dir / f"{case}_{runner}_r{round_}.json"
+    log = run_dir / f"{case}_{runner}_r{round_}.log"
     cmd = [sys.executable, "-m", "repro.bench.workers", "--child", "--case", case, "--runner", runner,
            "--model-dir", str(model_dir), "--result", str(result), "--shape", args.shape,
            "--seq", str(args.seq), "--micro", str(args.micro), "--gas", str(args.gas), "--sp", str(args.sp),
@@ -378,13 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     # FSDP2 does not depend on the ZeRO case: one run per round, before the cases.
     plan = ([("fsdp2", "fsdp2")] if "fsdp2" in runners else []) + [
         (case, runner) for case in cases for runner in runners if runner != "fsdp2"]
-    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="repro_bench_"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir, run_dir = open_workdir(args.workdir, "repro_bench_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []
     for round_ in range(args.rounds):
         for case, runner in plan:
-            rows.append(_launch(args, case, runner, model_dir, workdir, round_))
+            rows.append(_launch(args, case, runner, model_dir, run_dir, round_))
             print(f"# round {round_ + 1}/{args.rounds} {case}/{runner}: {rows[-1]['step_s']:.3f} s/step",
                   file=sys.stderr, flush=True)
     table = _format(_median_rows(rows))

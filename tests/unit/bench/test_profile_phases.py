@@ -164,6 +164,8 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     env = dict(os.environ, PYTHONPATH=pythonpath(root))
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = sorted((tmp_path / "work").glob("run_*"))  # this command's results in a folder of its own
+    assert len(runs) == 1 and (runs[0] / "padded_0.json").is_file(), sorted((tmp_path / "work").iterdir())
     folder = tmp_path / "profile" / "padded_0"
     trace_path = folder / "step3_rank0.trace.json"
     raw = json.loads(trace_path.read_text())
