@@ -16,7 +16,10 @@ taken within one command:
   packed into one row (:mod:`repro.workers.varlen`);
 - ``rmpad_sdpa``: the same without the varlen path: rows of the padded width under
   transformers' ``sdpa`` attention with its block-causal mask (what CPU runs use);
-- ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers).
+- ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers);
+- ``rmpad_compiled``: ``rmpad`` with every decoder layer under ``torch.compile`` (``--compile-backend``, inductor
+  by default; :mod:`repro.workers.layer_compile`, ZeRO-1/2 only), compiled in the warm-up update. Beside ``rmpad``
+  in one command (``--cases rmpad,rmpad_compiled --rounds 3``) the two alternate, so the order is controlled.
 
 Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
 ``[prompt / 4, prompt]``; responses right-padded to ``--response`` with lengths uniform in
@@ -48,7 +51,7 @@ from repro.bench.workers import _model_config, _sync, add_case_process_args, mak
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
-CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora")
+CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora", "rmpad_compiled")
 COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full",
            "host_ops", "host_syncs")
 
@@ -121,6 +124,10 @@ def _child(args: argparse.Namespace) -> None:
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
+    if args.case.endswith("compiled"):
+        from repro.workers.layer_compile import compile_decoder_layers
+
+        compile_decoder_layers(worker.engine.module, args.zero_stage, args.compile_backend)
     times = []
     for i in range(args.warmup + args.steps):
         if i == args.warmup and torch.cuda.is_available():
@@ -140,9 +147,18 @@ def _child(args: argparse.Namespace) -> None:
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
+        "compiled_graphs": _captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
         **host,
     }
     Path(args.result).write_text(json.dumps(row))
+
+
+def _captured_graphs() -> int:
+    if "torch._dynamo" not in sys.modules:  # never imported: nothing was compiled (and no import paid for it)
+        return 0
+    from repro.workers.layer_compile import captured_graphs
+
+    return captured_graphs()
 
 
 _OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
@@ -250,7 +266,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--zero-stage", str(args.zero_stage), "--budget", str(args.budget)]
     if args.host_ops:
         cmd.append("--host-ops")
-    cmd += ["--norms", args.norms]
+    cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend]
     if args.profile:
         cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -282,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="count the operators and device syncs the host issues in one more update per case")
     parser.add_argument("--norms", choices=("auto", "fused", "eager"), default="auto",
                         help="RMSNorm form (repro.workers.rms_norm): auto = fused on CUDA in half precision")
+    parser.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default="inductor",
+                        help="torch.compile backend of the rmpad_compiled case (aot_eager: traced, no code generated)")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
@@ -304,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         for case in cases:
             rows.append(_launch(args, case, model_dir, run_dir, rnd))
-            print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update", file=sys.stderr, flush=True)
+            compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
+            print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update{compiled}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():

@@ -1,0 +1,67 @@
+"""Compiled decoder layers (``repro.workers.layer_compile``) train exactly as the eager ones.
+
+Two gloo ranks, ZeRO-2, remove-padding and gradient checkpointing on (the rmpad bench's path), two
+``update_policy`` calls each. Backend ``aot_eager``: dynamo and AOTAutograd capture each layer's forward and
+backward and torch's own kernels run the captured graphs, so the arithmetic is the eager one and the comparison is
+bitwise (inductor's generated kernels would round otherwise: a GPU question, issue 35). What ran compiled is read
+from dynamo (graphs captured), not from the call that asked for it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.distributed.workers.helpers import make_cfg, make_model_dir, params_of, train_steps
+
+pytestmark = pytest.mark.distributed
+
+SAMPLES = 8
+
+
+def _train(rank: int, world: int, model_dir: str, compiled: bool) -> dict:
+    from repro.workers.actor import ActorWorker
+    from repro.workers.layer_compile import captured_graphs, compile_decoder_layers
+
+    cfg = make_cfg(model_dir, world=world, stage=2, n=2, train_batch_size=SAMPLES // 2, mini=SAMPLES // world,
+                   micro=None, dynamic=True, max_tokens=40)
+    cfg.actor_rollout_ref.model.use_remove_padding = True
+    cfg.actor_rollout_ref.model.enable_gradient_checkpointing = True
+    worker = ActorWorker(cfg)
+    # The suites switch dynamo off (TORCHDYNAMO_DISABLE=1, conftest.py: nothing else compiles, and it keeps
+    # DeepSpeed's import light), which torch.compile reads when it is called and then silently does nothing: unset
+    # for this task only, and the graphs dynamo captured are counted, so a no-op compile fails the test.
+    disabled = os.environ.pop("TORCHDYNAMO_DISABLE", None)
+    try:
+        torch._dynamo.reset()
+        if compiled:
+            assert compile_decoder_layers(worker.engine.module, zero_stage=2, backend="aot_eager") == 2
+        metrics = train_steps(worker, "actor", rank, world, range(2), SAMPLES)
+        graphs = captured_graphs()
+    finally:
+        torch._dynamo.reset()  # the pool's warm rank runs other tests next: no compiled code stays behind
+        if disabled is not None:
+            os.environ["TORCHDYNAMO_DISABLE"] = disabled
+    return {"params": params_of(worker), "metrics": metrics, "graphs": graphs}
+
+
+def test_compiled_decoder_layers_train_bitwise_as_the_eager_ones(pooled, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    eager = pooled(_train, 2, timeout_s=180, args=(model_dir, False))
+    compiled = pooled(_train, 2, timeout_s=180, args=(model_dir, True))
+    assert [r["graphs"] for r in eager] == [0, 0] and min(r["graphs"] for r in compiled) > 0  # dynamo captured and ran them
+    for rank in range(2):
+        assert compiled[rank]["metrics"] == eager[rank]["metrics"], rank
+        for name, want in eager[rank]["params"].items():
+            assert torch.equal(compiled[rank]["params"][name], want), (rank, name)
+    moved = [n for n, p in eager[0]["params"].items() if not torch.equal(p, params_of_initial(model_dir)[n])]
+    assert moved, "the updates changed no parameter: the comparison would hold for anything"
+
+
+def params_of_initial(model_dir: str) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
