@@ -8,7 +8,9 @@
 #   rm -rf .ab_before && mkdir .ab_before && git archive 49e2631 repro | tar -x -C .ab_before
 #   grep -qx /.ab_before/ .git/info/exclude || echo /.ab_before/ >> .git/info/exclude
 # The device call (one H100), carrying [".whl", ".ab_before"]:   bash results/actor_update/ab_device.sh 0 16384
-# ORDER="after before before after" runs B A A B: if the middle runs are slower whatever their tree, A B B A's verdict
+# In the background across device calls, run it from a private copy of the tree (e.g. the `bg` jobs' /tmp/plan/tree of
+# scripts/seed_scale.sh): each call refreshes the working tree, and a run whose folder was replaced dies in
+# os.getcwd() (session 14's first attempt). ORDER="after before before after" runs B A A B: if the middle runs are slower whatever their tree, A B B A's verdict
 # was the order's. Each run's .tsv and .log land in $OUT as soon as they exist; the bench's model folder is shared by all runs.
 set -u
 budgets=("${@:-0}")
