@@ -316,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: --cases {bad[0]!r} is not valid; choose from {list(CASES)}", file=sys.stderr)
         return 2
+    if "rmpad_compiled" in cases:
+        from repro.workers.layer_compile import refusal
+
+        why = refusal(args.zero_stage)
+        if why:
+            print(f"error: --cases rmpad_compiled: {why}", file=sys.stderr)
+            return 2
     workdir, run_dir = open_workdir(args.workdir, "repro_rmpad_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []

@@ -22,14 +22,22 @@ import torch
 from repro.workers.zero3_leaf import decoder_layer_classes
 
 
-def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str = "inductor") -> int:
-    """Compile every decoder layer of ``model`` in place (``nn.Module.compile``); how many were set to compile."""
+def refusal(zero_stage: int) -> str | None:
+    """Why compiled decoder layers cannot be what was asked here, in one line; None when they can."""
     if zero_stage not in (0, 1, 2):
-        raise ValueError(f"compiled decoder layers: zero_stage={zero_stage} is not valid; choose 0, 1 or 2 "
-                         "(ZeRO-3's per-module gather hooks would be traced)")
+        return (f"compiled decoder layers: zero_stage={zero_stage} is not valid; choose 0, 1 or 2 "
+                "(ZeRO-3's per-module gather hooks would be traced)")
     if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
         # torch.compile reads it when called and then returns the function unchanged, without a word
-        raise ValueError("compiled decoder layers: TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it")
+        return "compiled decoder layers: TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it"
+    return None
+
+
+def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str = "inductor") -> int:
+    """Compile every decoder layer of ``model`` in place (``nn.Module.compile``); how many were set to compile."""
+    why = refusal(zero_stage)
+    if why:
+        raise ValueError(why)
     classes = tuple(decoder_layer_classes(model))
     layers = [m for m in model.modules() if classes and isinstance(m, classes)]
     for layer in layers:
