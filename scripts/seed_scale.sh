@@ -31,6 +31,9 @@
 #                                            # one sample a micro-batch of each length (comma-separated tokens), Ulysses
 #                                            # sp=1 (dp=2) then sp=2 (dp=1): where sp=1 runs out of memory and sp=2 fits
 #                                            # (e.g. --no-gradient-checkpointing); one TSV row or the OOM line per run
+#   bash scripts/seed_scale.sh script PATH [ARGS ...]  # a device script of the tree (results/*/*_device.sh) as a phase:
+#                                            # `bash PATH ARGS` with this phase's $OUT and GPUS, its output in $OUT/NAME.log;
+#                                            # under bg it runs from the private copy, chained with the other jobs
 #   bash scripts/seed_scale.sh bg NAME [after=A,B] PHASE ARGS...  # PHASE started in the background (setsid: it
 #                                            # outlives the device call) from a private copy of the tree ($PLAN_DIR/tree,
 #                                            # made once), after jobs A and B ended; its $OUT is $PLAN_DIR/NAME
@@ -164,6 +167,12 @@ case "${1:-}" in
       echo "$name rc=$? $(tail -1 "$OUT/$name.tsv" 2>/dev/null) $(grep -m1 -o 'OutOfMemoryError: CUDA out of memory. Tried to allocate [^(]*' "$OUT/$name.log")"
     done; done
     ;;
+  script)
+    path=${2:?script path}; log=$OUT/$(basename "$path" .sh).log
+    [ -f "$path" ] || { echo "script: $path is not a file of $PWD" >&2; exit 2; }
+    OUT=$OUT timeout -k 20 "$(limit "${SCRIPT_TIMEOUT:-540}")" bash "$path" "${@:3}" > "$log" 2>&1
+    echo "script $path rc=$?"; tail -3 "$log"
+    ;;
   bg)
     name=${2:?job name}; shift 2; after=""
     case "${1:-}" in after=*) after=${1#after=}; shift ;; esac
@@ -201,5 +210,5 @@ case "${1:-}" in
     echo "$tag rc=$?"; tail -4 "$OUT/$tag.log"
     for d in "$REPRO_OUTPUTS_DIR/$tag"_*/; do [ -d "$d" ] && keep "${d%/}" "$(basename "$d")"; done
     ;;
-  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|splen LENGTHS|bg NAME [after=A,B] PHASE ...|poll [SECONDS]|crossover SEED CASES STEPS" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/seed_scale.sh build|run [SEED]|gate|six CASES STEPS [SEED]|four ZERO SP STEPS|sp ZERO SP STEPS|peers PEER STEPS|peers collect|abba PEER_A PEER_B STEPS|verl ENGINE ZERO STEPS NAME|vfour ZERO SP STEPS|splen LENGTHS|script PATH [ARGS]|bg NAME [after=A,B] PHASE ...|poll [SECONDS]|crossover SEED CASES STEPS" >&2; exit 2 ;;
 esac

@@ -71,3 +71,21 @@ def test_background_jobs_run_in_order_from_a_private_copy_and_poll_brings_back_t
     with tarfile.open(out / "plan.tar.gz") as tar:
         names = tar.getnames()
     assert {"first.log", "second.rc"} <= set(names) and not any(n.startswith("tree") for n in names)
+
+
+def test_a_device_script_runs_as_a_background_phase_from_the_private_copy_with_its_own_out(tmp_path):
+    """Session 14 ran a device script in the background by hand and it died when the next call replaced its folder;
+    ``script`` makes it a phase, so ``bg`` runs it from the copy and chains it with the runs."""
+    plan, probe = tmp_path / "plan", tmp_path / "probe.sh"
+    probe.write_text('echo "$PWD|$OUT|$*|$CUDA_VISIBLE_DEVICES" > "$OUT/where.txt"\n')
+    started, _ = run_phase(tmp_path, "bg", "s", "script", str(probe), "a", "b", PLAN_DIR=str(plan), GPUS="3")
+    assert started.returncode == 0, started.stderr
+    proc, _ = run_phase(tmp_path, "poll", "60", PLAN_DIR=str(plan))
+    assert "s: rc=0 |" in proc.stdout, proc.stdout
+    assert (plan / "s" / "where.txt").read_text().strip() == f"{plan / 'tree'}|{plan / 's'}|a b|3"
+    assert (plan / "s" / "probe.log").is_file()
+
+
+def test_a_script_phase_without_its_file_is_one_line_and_exit_2(tmp_path):
+    proc, _ = run_phase(tmp_path, "script", "results/no_such_device.sh")
+    assert proc.returncode == 2 and proc.stderr.strip().startswith("script: results/no_such_device.sh is not a file")
