@@ -2,7 +2,7 @@
 # Issue 35's next one-H100 call (written in session 14, not yet run). Two questions, in order of need:
 # 1. The order control of the A B B A runs: session 14's sync cuts measured slower in the middle runs, as session 13's
 #    fused/eager runs did; B A A B of the same two trees says whether the order or the code did it.
-# 2. Decoder layers under torch.compile (the bench's rmpad_compiled case, repro/workers/layer_compile.py) against the
+# 2. Decoder layers under torch.compile (first their GPU test, tests/gpu_e2e/test_layer_compile_gpu.py) (the bench's rmpad_compiled case, repro/workers/layer_compile.py) against the
 #    eager ones, alternating within one command (rmpad, compiled, rmpad, compiled, ...), at one 16,384-token
 #    micro-batch and, in what is left of the call, at the default budget of 4,096: the time, the host operators and the graphs dynamo captured.
 # Carry [".whl", ".ab_before"] (ab_device.sh's header says how to make .ab_before); each result lands in $OUT as soon
@@ -21,6 +21,8 @@ mkdir -p "$O" "$R"
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'
   python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
 } > "$O/env.txt" 2>&1
+REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 timeout -k 10 240 python3 -m pytest tests/gpu_e2e/test_layer_compile_gpu.py -m gpu -q \
+  -p no:cacheprovider > "$O/gpu_test.log" 2>&1  # inductor's layers against eager, both against fp64
 ORDER="after before before after" OUT=$R/baab bash results/actor_update/ab_device.sh 16384 > "$O/baab.txt" 2>&1
 for budget in 16384 0; do  # the second only in what is left of BUDGET_S (a call's 600 s; inductor's first compile: minutes?)
   left=$(( ${BUDGET_S:-570} - SECONDS ))

@@ -1,0 +1,66 @@
+"""On CUDA, decoder layers compiled by inductor (:mod:`repro.workers.layer_compile`) compute what the eager
+layers compute, to bf16's precision: the kernel path of the rmpad bench's ``rmpad_compiled`` case.
+
+Error model: eager bf16 rounds every op's output to bf16; inductor fuses ops and keeps the fused intermediates in
+fp32, reducing in another order. Neither is the exact value, so both are held against an fp64 copy of the same model
+on the same input: the compiled layers' distance from fp64 (logits, and every parameter's gradient, as relative L2
+norms) is at most twice the eager layers' own distance (the same number of bf16 roundings or fewer, each at most one
+unit; 2x covers another reduction order), and dynamo captured graphs (a compile that did nothing would pass the first
+check trivially). The CPU suite proves the traced layers bitwise with backend ``aot_eager``
+(``tests/distributed/workers/test_layer_compile.py``). Run with ``REPRO_GPU_TESTS=1``.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from conftest import require_cuda_gpus
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _cuda():
+    require_cuda_gpus(1)
+
+
+def _rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got.double() - ref).norm() / ref.norm())
+
+
+def _logits_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    logits = model(input_ids=ids).logits
+    logits.float().log_softmax(-1).mean().backward()
+    return logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_inductor_compiled_layers_are_as_close_to_fp64_as_the_eager_layers(tmp_path, monkeypatch):
+    from repro.config import ModelConfig
+    from repro.data.tiny_model import PolicyShape, build_model, tiny_config
+    from repro.workers.engine import load_hf_model
+    from repro.workers.layer_compile import captured_graphs, compile_decoder_layers
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    cfg = tiny_config(vocab_size=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      shape=PolicyShape(hidden_size=256, num_hidden_layers=3, intermediate_size=768))
+    build_model(cfg, seed=0).save_pretrained(tmp_path, safe_serialization=True)
+    model_cfg = ModelConfig(path=str(tmp_path), enable_gradient_checkpointing=True)
+    eager = load_hf_model(model_cfg, torch.bfloat16).cuda().train()
+    compiled = copy.deepcopy(eager)
+    exact = copy.deepcopy(eager).double()
+    ids = torch.randint(3, 1024, (4, 300), generator=torch.Generator().manual_seed(0)).cuda()
+
+    torch._dynamo.reset()
+    assert compile_decoder_layers(compiled, zero_stage=2) == 3
+    got_logits, got_grads = _logits_and_grads(compiled, ids)
+    assert captured_graphs() > 0
+    eager_logits, eager_grads = _logits_and_grads(eager, ids)
+    ref_logits, ref_grads = _logits_and_grads(exact, ids)
+
+    assert _rel(got_logits, ref_logits) <= 2 * _rel(eager_logits, ref_logits), "logits"
+    for name, ref in ref_grads.items():
+        assert _rel(got_grads[name], ref) <= 2 * _rel(eager_grads[name], ref) + 1e-12, name
