@@ -54,6 +54,25 @@ class BuiltInPolicy:
 
         return read_report(self.cached()) is not None
 
+    def other_library_builds(self) -> dict[str, dict[str, str]]:
+        """Builds of this recipe on this device type cached under other library versions, by folder name: the
+        versions that differ from this process's. A run here cannot use them (the versions are in the cache key:
+        another release gives other weights), so saying so explains a rebuild where a build was expected, e.g. a
+        build under one environment's transformers and runs under another's."""
+        import json
+
+        from repro.data.sft import library_versions, read_report
+
+        here, recipe = library_versions(), json.loads(json.dumps(self.recipe.as_dict()))
+        out = {}
+        for folder in sorted(p for p in self.cached().parent.glob("*") if p != self.cached()):
+            report = read_report(folder) if folder.is_dir() else None
+            if report and report.get("recipe") == recipe and report.get("device") == self.device_type:
+                differ = {k: v for k, v in report.get("libraries", {}).items() if here.get(k) != v}
+                if differ:
+                    out[folder.name] = differ
+        return out
+
     def is_shipped(self) -> bool:
         """Copied from the files repro ships (``repro.data.tiny_fixture``), not trained on this machine."""
         from repro.data import tiny_fixture

@@ -79,8 +79,8 @@ def _built_in_folder(policy: BuiltInPolicy) -> str:
     if not policy.is_built() and not policy.is_shipped():
         # The first run is otherwise silent for the build (minutes on a loaded machine).
         log.info("building the %s policy (SFT on %s, about %.1f min; once per machine): it is cached in %s "
-                 "(REPRO_CACHE_DIR sets the folder) and every later run reuses it",
-                 policy.name, policy.device_type.upper(), policy.minutes, policy.cached())
+                 "(REPRO_CACHE_DIR sets the folder) and every later run reuses it%s",
+                 policy.name, policy.device_type.upper(), policy.minutes, policy.cached(), _other_builds(policy))
     if policy.device_type == "cpu":
         # Built in this process, on CPU: CPU and GPU runs then start from the same policy.
         with _quiet_build():
@@ -93,6 +93,21 @@ def _built_in_folder(policy: BuiltInPolicy) -> str:
             raise RuntimeError(f"building the {policy.name} policy failed (exit {proc.returncode}); "
                                f"run python -m repro.data policy {policy.name} to see why")
     return str(policy.cached())
+
+
+def _other_builds(policy) -> str:
+    """Why a cached build of the same recipe is not used, if there is one (the lease of results/4gpu/README.md,
+    fifth, lost minutes to this: the build ran under the image's transformers, the runs under vLLM's)."""
+    from repro.data.sft import library_versions
+
+    others = policy.other_library_builds()
+    if not others:
+        return ""
+    here = library_versions()
+    names = sorted({k for differ in others.values() for k in differ})
+    builds = "; ".join(f"{folder}: " + ", ".join(f"{k} {v}" for k, v in differ.items()) for folder, differ in others.items())
+    return (f". The cache holds builds of it under other library versions ({builds}), not usable with "
+            + ", ".join(f"{k} {here[k]}" for k in names if k in here) + " here")
 
 
 class _DropCpuAcceleratorNotice(logging.Filter):

@@ -81,3 +81,28 @@ def test_the_0p6b_recipe_on_a_scaled_down_shape_builds_a_bf16_policy_with_the_wi
     with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
         emb = f.get_tensor("model.embed_tokens.weight")
     assert emb.dtype == torch.bfloat16 and emb.shape == (4096, 64)
+
+
+def test_a_build_under_other_library_versions_is_named_when_a_run_must_build_again(tmp_path, monkeypatch):
+    # The fifth 4-GPU lease rebuilt the 0.6B policy inside a run, silently: its build had run under the image's
+    # transformers, the run under vLLM's, and the versions are in the cache key (results/4gpu/README.md).
+    from repro.data.sft import REPORT_NAME, library_versions
+    from repro.run.paths import _other_builds
+
+    monkeypatch.setenv("REPRO_CACHE_DIR", str(tmp_path))
+    policy = built_in("qwen3-0.6b-arith")
+    here = library_versions()
+    recipe = json.loads(json.dumps(policy.recipe.as_dict()))
+
+    def cached_build(name: str, **report) -> None:
+        folder = policy.cached().parent / name
+        folder.mkdir(parents=True)
+        (folder / REPORT_NAME).write_text(json.dumps({"recipe": recipe, "device": "cuda", "libraries": here, **report}))
+
+    assert policy.other_library_builds() == {} and _other_builds(policy) == ""
+    cached_build("a13c", libraries={**here, "transformers": "5.17.0-other"})
+    cached_build("b000", recipe={**recipe, "seed": -1}, libraries={**here, "transformers": "5.17.0-other"})  # another recipe
+    cached_build("c000", device="cpu", libraries={**here, "transformers": "5.17.0-other"})  # another device type
+    assert policy.other_library_builds() == {"a13c": {"transformers": "5.17.0-other"}}
+    said = _other_builds(policy)
+    assert "(a13c: transformers 5.17.0-other)" in said and said.endswith(f"not usable with transformers {here['transformers']} here")
