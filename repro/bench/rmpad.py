@@ -114,6 +114,7 @@ def _child(args: argparse.Namespace) -> None:
     from repro.cluster.process_group import init_distributed
     from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
+    from repro.workers.layer_compile import captured_graphs
 
     init_distributed()
     if args.case == "padded_full":
@@ -147,18 +148,10 @@ def _child(args: argparse.Namespace) -> None:
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
-        "compiled_graphs": _captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
+        "compiled_graphs": captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
         **host,
     }
     Path(args.result).write_text(json.dumps(row))
-
-
-def _captured_graphs() -> int:
-    if "torch._dynamo" not in sys.modules:  # never imported: nothing was compiled (and no import paid for it)
-        return 0
-    from repro.workers.layer_compile import captured_graphs
-
-    return captured_graphs()
 
 
 _OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))

@@ -48,6 +48,10 @@ def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str
 
 def captured_graphs() -> int:
     """Graphs dynamo has captured in this process since its last reset: what ran compiled, not what was asked."""
+    import sys
+
+    if "torch._dynamo" not in sys.modules:  # never imported: nothing was compiled (and no import is paid to say so)
+        return 0
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
