@@ -39,6 +39,7 @@
 #                                            # made once), after jobs A and B ended; its $OUT is $PLAN_DIR/NAME
 #   bash scripts/seed_scale.sh poll [SECONDS]  # wait (default 540 s) until every bg job ended, print each one's exit
 #                                            # code and last line, bring $PLAN_DIR back as $OUT/plan.tar.gz (PLAN_DIR: /tmp/plan)
+#                                            # and the runs' small output files so far as $OUT/outputs.tar.gz
 #   bash scripts/seed_scale.sh crossover SEED CASES STEPS  # python -m repro.bench crossover --step-modes 0 on -cn grpo_0p6b
 #                                            # (one seed per command; `--collect` summarises the seeds together afterwards)
 #
@@ -200,6 +201,10 @@ case "${1:-}" in
     for log in "$plan"/*.log; do n=$(basename "${log%.log}"); echo "$n: rc=$(cat "$plan/$n.rc" 2>/dev/null || echo running) | $(tail -1 "$log")"; done
     items=(); for f in "$plan"/*; do [ "$(basename "$f")" = tree ] || items+=("$(basename "$f")"); done
     [ ${#items[@]} -gt 0 ] && tar -czf "$OUT/plan.tar.gz" -C "$plan" --exclude='*.pt' --exclude='*.trace.json' "${items[@]}"
+    # The runs' own outputs so far (metrics, logs, summaries: files under 2 MB, no checkpoints or traces): the sixth
+    # 4-GPU lease lost a run at step 13 with its machine, and with it every step it had logged (results/4gpu/README.md).
+    (cd "$REPRO_OUTPUTS_DIR" && find . -type f -size -2M -not -path '*/checkpoints/*' -not -path './trace_*' -print0 \
+      | tar -czf "$OUT/outputs.tar.gz" --null -T -) 2>/dev/null
     true
     ;;
   crossover)

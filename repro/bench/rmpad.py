@@ -145,6 +145,9 @@ def _child(args: argparse.Namespace) -> None:
     on_gpu = not on_cpu()
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
+        # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
+        # session 15), so a reader must see whether an update's spread or a process's placement made a median
+        "update_s": times[args.warmup:],
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
@@ -323,7 +326,9 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             rows.append(_launch(args, case, model_dir, run_dir, rnd))
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
-            print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update{compiled}", file=sys.stderr, flush=True)
+            upd = rows[-1].get("update_s") or [rows[-1]["step_s"]]
+            print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
+                  f"{compiled}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():

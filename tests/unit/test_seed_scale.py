@@ -73,6 +73,23 @@ def test_background_jobs_run_in_order_from_a_private_copy_and_poll_brings_back_t
     assert {"first.log", "second.rc"} <= set(names) and not any(n.startswith("tree") for n in names)
 
 
+def test_poll_brings_back_the_runs_logged_steps_so_far_without_their_checkpoints(tmp_path):
+    """The sixth 4-GPU lease lost a verl run at step 13 with its machine, and every step it had logged with it:
+    each poll now brings the runs' small files back as they stand."""
+    import tarfile
+
+    run = tmp_path / "routs" / "vfour_zero2_sp2"
+    (run / "checkpoints" / "global_step_10").mkdir(parents=True)
+    (run / "metrics.jsonl").write_text('{"step": 13}\n')
+    (run / "checkpoints" / "global_step_10" / "state.json").write_text("{}")
+    (run / "big.bin").write_bytes(b"\0" * (3 << 20))  # over the 2 MB bound: weights, not a log
+    proc, out = run_phase(tmp_path, "poll", "1", PLAN_DIR=str(tmp_path / "plan"))
+    assert proc.returncode == 0, proc.stderr
+    with tarfile.open(out / "outputs.tar.gz") as tar:
+        names = {n.removeprefix("./") for n in tar.getnames() if tar.getmember(n).isfile()}
+    assert names == {"vfour_zero2_sp2/metrics.jsonl"}, names
+
+
 def test_a_device_script_runs_as_a_background_phase_from_the_private_copy_with_its_own_out(tmp_path):
     """Session 14 ran a device script in the background by hand and it died when the next call replaced its folder;
     ``script`` makes it a phase, so ``bg`` runs it from the copy and chains it with the runs."""

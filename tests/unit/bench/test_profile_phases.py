@@ -166,6 +166,9 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = sorted((tmp_path / "work").glob("run_*"))  # this command's results in a folder of its own
     assert len(runs) == 1 and (runs[0] / "padded_0.json").is_file(), sorted((tmp_path / "work").iterdir())
+    # every timed update is kept (one here: --steps 1), and the median printed is theirs
+    timed = json.loads((runs[0] / "padded_0.json").read_text())["update_s"]
+    assert len(timed) == 1 and "(median of 1: " in done.stderr, done.stderr[-2000:]
     folder = tmp_path / "profile" / "padded_0"
     trace_path = folder / "step3_rank0.trace.json"
     raw = json.loads(trace_path.read_text())
