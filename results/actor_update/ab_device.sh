@@ -12,6 +12,7 @@
 # scripts/seed_scale.sh): each call refreshes the working tree, and a run whose folder was replaced dies in
 # os.getcwd() (session 14's first attempt). ORDER="after before before after" runs B A A B: if the middle runs are slower whatever their tree, A B B A's verdict
 # was the order's. Each run's .tsv and .log land in $OUT as soon as they exist; the bench's model folder is shared by all runs.
+# PIN=0-7 runs every process on those cores (taskset): whether the between-process spread is the host's placement.
 set -u
 budgets=("${@:-0}")
 [ -d .ab_before/repro ] || { echo "no .ab_before/repro: make it with git archive (see the header)" >&2; exit 2; }
@@ -27,7 +28,7 @@ for b in "${budgets[@]}"; do
     root=$PWD; [ "$side" = before ] && root=$PWD/.ab_before
     # From $root: `python -m` puts the working directory first on sys.path, and the bench's per-case child
     # process inherits both, so every import of repro comes from $root.
-    (cd "$root" && PYTHONPATH=/tmp/site:$root python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad --rounds 1 \
+    (cd "$root" && PYTHONPATH=/tmp/site:$root ${PIN:+taskset -c "$PIN"} python3 -m repro.bench.rmpad --shape qwen3-0.6b --cases rmpad --rounds 1 \
       --workdir /tmp/ab_work --host-ops --budget "$b" --out "$O/b${b}_${n}_$side.tsv") > "$O/b${b}_${n}_$side.log" 2>&1
     echo "budget $b run $n ($side): rc=$? $(tail -1 "$O/b${b}_${n}_$side.tsv" 2>/dev/null)"
   done
