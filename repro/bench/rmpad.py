@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         for case in cases:
             rows.append(_launch(args, case, model_dir, run_dir, rnd))
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
-            upd = rows[-1].get("update_s") or [rows[-1]["step_s"]]
+            upd = rows[-1]["update_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
                   f"{compiled}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
