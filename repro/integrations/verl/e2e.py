@@ -93,6 +93,18 @@ def parse_console(text: str) -> list[dict[str, float]]:
     return rows
 
 
+# The figures a step's console line keeps, in this order: verl's own line runs to thousands of characters, and a
+# line cut at a fixed width kept only its balance metrics when a 4-GPU run was lost mid-way (results/4gpu/README.md).
+STEP_LINE = ((SCORE, "score"), ("timing_s/step", "s/step"), ("timing_s/gen", "gen"),
+             ("timing_s/old_log_prob", "old log-prob"), ("timing_s/update_actor", "update"),
+             ("perf/throughput", "tokens/s/GPU"), ("perf/max_memory_allocated_gb", "max allocated GB"))
+
+
+def step_line(row: dict[str, float]) -> str:
+    """One step's figures in a short line: ``step 3: score 0.412, s/step 19.8, ...`` (those present)."""
+    return f"step {int(row['step'])}: " + ", ".join(f"{name} {row[key]:.4g}" for key, name in STEP_LINE if key in row)
+
+
 def summarize(rows: list[dict[str, float]]) -> dict[str, float]:
     scores = [r[SCORE] for r in rows]
     tail = sum(scores[-TAIL:]) / min(TAIL, len(scores))
@@ -171,10 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in proc.stdout:
             log.write(line)
             if "step:" in line and SCORE in line:
-                print(line.rstrip()[:300], flush=True)
                 # Written after every step: a run stopped from outside (a time limit) keeps its steps.
                 rows += parse_console(line)
                 write_tsv(rows, run_dir / "metrics.tsv")
+                if rows:
+                    print(step_line(rows[-1]), flush=True)
         rc = proc.wait()
     if rc or not rows:
         print(f"verl's trainer exited {rc} after {len(rows)} steps; log {run_dir / 'console.log'}", file=sys.stderr)
