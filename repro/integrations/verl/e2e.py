@@ -97,7 +97,7 @@ def parse_console(text: str) -> list[dict[str, float]]:
 # line cut at a fixed width kept only its balance metrics when a 4-GPU run was lost mid-way (results/4gpu/README.md).
 STEP_LINE = ((SCORE, "score"), ("timing_s/step", "s/step"), ("timing_s/gen", "gen"),
              ("timing_s/old_log_prob", "old log-prob"), ("timing_s/update_actor", "update"),
-             ("perf/throughput", "tokens/s/GPU"), ("perf/max_memory_allocated_gb", "max allocated GB"))
+             ("perf/throughput", "tokens/s/GPU"), ("actor/perf/max_memory_allocated_gb", "actor max allocated GB"))
 
 
 def step_line(row: dict[str, float]) -> str:
@@ -184,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             log.write(line)
             if "step:" in line and SCORE in line:
                 # Written after every step: a run stopped from outside (a time limit) keeps its steps.
-                rows += parse_console(line)
+                new = parse_console(line)
+                rows += new
                 write_tsv(rows, run_dir / "metrics.tsv")
-                if rows:
-                    print(step_line(rows[-1]), flush=True)
+                for row in new:
+                    print(step_line(row), flush=True)
         rc = proc.wait()
     if rc or not rows:
         print(f"verl's trainer exited {rc} after {len(rows)} steps; log {run_dir / 'console.log'}", file=sys.stderr)

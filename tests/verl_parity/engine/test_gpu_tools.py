@@ -52,9 +52,9 @@ def test_e2e_reads_verls_console_lines_and_checks_the_rise():
 def test_e2e_prints_each_steps_score_and_times_however_long_verls_line():
     balance = " - ".join(f"global_seqlen/k{i}:{i}.0" for i in range(60))  # verl's line leads with these
     line = (f"(TaskRunner pid=1) step:13 - {balance} - critic/score/mean:0.9531 - timing_s/step:19.84 - "
-            "timing_s/update_actor:12.8 - perf/max_memory_allocated_gb:6.81")
+            "timing_s/update_actor:12.8 - actor/perf/max_memory_allocated_gb:6.81")  # verl's names (results/4gpu)
     (row,) = e2e.parse_console(line)
-    assert e2e.step_line(row) == "step 13: score 0.9531, s/step 19.84, update 12.8, max allocated GB 6.81"
+    assert e2e.step_line(row) == "step 13: score 0.9531, s/step 19.84, update 12.8, actor max allocated GB 6.81"
 
 
 def test_e2e_composes_verls_trainer_config_with_the_deepspeed_engine(tmp_path):
