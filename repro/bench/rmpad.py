@@ -52,8 +52,8 @@ from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
 CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora", "rmpad_compiled")
-COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "max_allocated_gb", "max_reserved_gb", "vs_padded_full",
-           "host_ops", "host_syncs")
+COLUMNS = ("round", "case", "varlen", "step_s", "real_tokens_per_s", "mfu", "max_allocated_gb", "max_reserved_gb",
+           "vs_padded_full", "host_ops", "host_syncs")
 
 
 def _run_config(model_dir: str, case: str, args: argparse.Namespace):
@@ -67,7 +67,9 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     arr = cfg.actor_rollout_ref
     arr.rollout.n = 1
     arr.model.path = model_dir
-    arr.model.enable_gradient_checkpointing = True
+    # on by default so that figures stay comparable with the earlier sessions' tables; off trades memory
+    # (activations of every layer) for the recomputed forward, a quarter of the update's FLOPs
+    arr.model.enable_gradient_checkpointing = args.checkpointing == "on"
     actor = arr.actor
     actor.ppo_mini_batch_size = samples
     actor.optim.lr = 1e-6
@@ -114,6 +116,7 @@ def _child(args: argparse.Namespace) -> None:
     from repro.cluster.process_group import init_distributed
     from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
+    from repro.rl.mfu import achieved_flops, device_name, device_peak_flops
     from repro.workers.layer_compile import captured_graphs
 
     init_distributed()
@@ -143,14 +146,20 @@ def _child(args: argparse.Namespace) -> None:
         _profile(args, worker, batch)
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
+    lengths = batch["attention_mask"].sum(1).tolist()
+    peak = device_peak_flops(device_name(worker.engine.device))
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
         # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
         # session 15), so a reader must see whether an update's spread or a process's placement made a median
         "update_s": times[args.warmup:],
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
+        # verl's perf/mfu/actor formula (repro.rl.mfu) over the whole batch and the median update
+        "mfu": achieved_flops(_model_config(args.shape), lengths, step_s) / peak,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
+        # read back from the model the engine trains, not the flag the bench was given
+        "checkpointing": bool(getattr(worker.engine.module, "is_gradient_checkpointing", False)),
         "compiled_graphs": captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
         **host,
     }
@@ -259,7 +268,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--result", str(result), "--shape", args.shape, "--prompt", str(args.prompt),
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--zero-stage", str(args.zero_stage), "--budget", str(args.budget)]
+           "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing]
     if args.host_ops:
         cmd.append("--host-ops")
     cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend]
@@ -288,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--budget", type=int, default=0,
                         help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
+    parser.add_argument("--checkpointing", choices=("on", "off"), default="on",
+                        help="activation checkpointing of the decoder layers (enable_gradient_checkpointing)")
     parser.add_argument("--profile", default="",
                         help="folder: one more update per case under torch.profiler, and its phases.md")
     parser.add_argument("--host-ops", action="store_true",
@@ -328,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
             upd = rows[-1]["update_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
-                  f"{compiled}", file=sys.stderr, flush=True)
+                  f", MFU {rows[-1]['mfu']:.1%}{compiled}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():
@@ -340,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
         base = next((b for b in rows if b["round"] == r["round"] and b["case"] == "padded_full"), None)
         ratio = f"{r['real_tokens_per_s'] / base['real_tokens_per_s']:.3f}" if base else ""
         lines.append("\t".join([str(r["round"]), r["case"], str(r["varlen"]), f"{r['step_s']:.4f}", f"{r['real_tokens_per_s']:.1f}",
+                                f"{r['mfu']:.4f}",
                                 f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio,
                                 str(r.get("host_ops", "")), str(r.get("host_syncs", ""))]))
     table = "\n".join(lines)

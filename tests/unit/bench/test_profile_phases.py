@@ -16,7 +16,10 @@ import pytest
 
 from repro.bench import profile_phases
 from repro.bench.profile_phases import attribute, flops, main, table
+from repro.bench.rmpad import make_batch
+from repro.bench.workers import _model_config
 from repro.bench.trace_events import EVALUATE, Trace
+from repro.rl.mfu import achieved_flops
 from tests.subprocess_env import pythonpath
 
 A, B = 10, 20  # thread ids: the main thread, and another (an autograd device thread on a GPU)
@@ -159,7 +162,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     """rmpad's CPU smoke run with ``--profile``: hooks, ranges and the analysis on a real trace."""
     cmd = [sys.executable, "-m", "repro.bench.rmpad", "--shape", "tiny", "--prompt", "32", "--response", "32",
            "--min-response", "4", "--steps", "1", "--warmup", "1", "--rounds", "1", "--cases", "padded",
-           "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work"), "--host-ops"]
+           "--checkpointing", "off", "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work"), "--host-ops"]
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=pythonpath(root))
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
@@ -167,8 +170,18 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     runs = sorted((tmp_path / "work").glob("run_*"))  # this command's results in a folder of its own
     assert len(runs) == 1 and (runs[0] / "padded_0.json").is_file(), sorted((tmp_path / "work").iterdir())
     # every timed update is kept (one here: --steps 1), and the median printed is theirs
-    timed = json.loads((runs[0] / "padded_0.json").read_text())["update_s"]
+    result_row = json.loads((runs[0] / "padded_0.json").read_text())
+    timed = result_row["update_s"]
     assert len(timed) == 1 and "(median of 1: " in done.stderr, done.stderr[-2000:]
+    # --checkpointing off reached the model the engine trained
+    assert result_row["checkpointing"] is False, result_row
+    # MFU: verl's formula over the batch's real tokens at the median update, against a CPU's 448 GFLOP/s
+    tiny = _model_config("tiny")
+    batch_args = SimpleNamespace(micro=4, gas=4, prompt=32, response=32, min_response=4)  # the command's defaults and flags
+    lengths = make_batch(batch_args, tiny.vocab_size)["attention_mask"].sum(1).tolist()
+    expected = achieved_flops(tiny, lengths, result_row["step_s"]) / 448e9
+    assert result_row["mfu"] == pytest.approx(expected, rel=1e-9), (result_row["mfu"], expected)
+    assert f"MFU {expected:.1%}" in done.stderr, done.stderr[-2000:]
     folder = tmp_path / "profile" / "padded_0"
     trace_path = folder / "step3_rank0.trace.json"
     raw = json.loads(trace_path.read_text())
