@@ -83,7 +83,8 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
         actor.ppo_micro_batch_size_per_gpu = args.micro
     if case.endswith("lora"):
         arr.model.lora_rank, arr.model.lora_alpha = 8, 16
-    actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=True)
+    # torch's AdamW by default: DeepSpeed's FusedAdam (the CUDA default of repro's config) is JIT-built on first use
+    actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=args.adam == "torch")
     return cfg
 
 
@@ -114,15 +115,18 @@ def _child(args: argparse.Namespace) -> None:
     import torch
 
     from repro.cluster.process_group import init_distributed
+    from repro.rl.mfu import achieved_flops, device_name, device_peak_flops
     from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
-    from repro.rl.mfu import achieved_flops, device_name, device_peak_flops
     from repro.workers.layer_compile import captured_graphs
 
     init_distributed()
     if args.case == "padded_full":
         # one chunk of the whole micro-batch: the full-vocabulary fp32 computation
         logprob.token_log_probs.__kwdefaults__["chunk_elements"] = 1 << 62
+        logprob.MODE = "eager"
+    else:
+        logprob.MODE = args.logprob
     varlen.ENABLED = args.case != "rmpad_sdpa"
     rms_norm.MODE = args.norms
     cfg = _run_config(args.model_dir, args.case, args)
@@ -160,6 +164,8 @@ def _child(args: argparse.Namespace) -> None:
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
         # read back from the model the engine trains, not the flag the bench was given
         "checkpointing": bool(getattr(worker.engine.module, "is_gradient_checkpointing", False)),
+        # the basic optimizer inside ZeRO's wrapper, read back from the DeepSpeed engine
+        "optimizer": type(getattr(worker.engine.engine.optimizer, "optimizer", worker.engine.engine.optimizer)).__name__,
         "compiled_graphs": captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
         **host,
     }
@@ -268,7 +274,8 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--result", str(result), "--shape", args.shape, "--prompt", str(args.prompt),
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
-           "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing]
+           "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing,
+           "--logprob", args.logprob, "--adam", args.adam]
     if args.host_ops:
         cmd.append("--host-ops")
     cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend]
@@ -299,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
     parser.add_argument("--checkpointing", choices=("on", "off"), default="on",
                         help="activation checkpointing of the decoder layers (enable_gradient_checkpointing)")
+    parser.add_argument("--logprob", choices=("auto", "compiled", "eager"), default="auto",
+                        help="log-prob chunks (repro.workers.logprob.MODE): auto = compiled on CUDA in half precision")
+    parser.add_argument("--adam", choices=("torch", "fused"), default="torch",
+                        help="torch's AdamW, or DeepSpeed's FusedAdam (CUDA; JIT-built once per machine)")
     parser.add_argument("--profile", default="",
                         help="folder: one more update per case under torch.profiler, and its phases.md")
     parser.add_argument("--host-ops", action="store_true",
@@ -339,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
             upd = rows[-1]["update_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
-                  f", MFU {rows[-1]['mfu']:.1%}{compiled}", file=sys.stderr, flush=True)
+                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():

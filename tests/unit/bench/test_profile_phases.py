@@ -17,8 +17,8 @@ import pytest
 from repro.bench import profile_phases
 from repro.bench.profile_phases import attribute, flops, main, table
 from repro.bench.rmpad import make_batch
-from repro.bench.workers import _model_config
 from repro.bench.trace_events import EVALUATE, Trace
+from repro.bench.workers import _model_config
 from repro.rl.mfu import achieved_flops
 from tests.subprocess_env import pythonpath
 
@@ -174,7 +174,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     timed = result_row["update_s"]
     assert len(timed) == 1 and "(median of 1: " in done.stderr, done.stderr[-2000:]
     # --checkpointing off reached the model the engine trained
-    assert result_row["checkpointing"] is False, result_row
+    assert result_row["checkpointing"] is False and result_row["optimizer"] == "AdamW", result_row
     # MFU: verl's formula over the batch's real tokens at the median update, against a CPU's 448 GFLOP/s
     tiny = _model_config("tiny")
     batch_args = SimpleNamespace(micro=4, gas=4, prompt=32, response=32, min_response=4)  # the command's defaults and flags

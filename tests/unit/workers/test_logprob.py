@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from repro.rl.algorithms import entropy_from_logits, logprobs_from_logits
+from repro.workers import logprob
 from repro.workers.logprob import token_log_probs
 from tests.error_model import float_tol
 
@@ -150,3 +152,51 @@ def test_short_sequences_share_a_chunk_instead_of_taking_one_each():
     assert _forward_chunks(128, 12, 500, 12 * 500 * 40) == 4  # 40 sequences a chunk: 40 + 40 + 40 + 8
     # A sequence longer than a chunk is cut along its positions, as before: 2 rows x ceil(12 / 5).
     assert _forward_chunks(2, 12, 500, 5 * 500) == 6
+
+
+def test_auto_mode_keeps_cpu_logits_on_the_exact_eager_path_and_a_bad_mode_names_the_choices(monkeypatch) -> None:
+    logits = torch.zeros(1, 2, 8, dtype=torch.bfloat16)
+    assert logprob.MODE == "auto" and not logprob.compiled_for(logits)  # CPU: the goldens' path
+    monkeypatch.setattr(logprob, "MODE", "fast")
+    with pytest.raises(ValueError, match=r"MODE='fast' is not valid; choose one of \['auto', 'compiled', 'eager'\]"):
+        logprob.compiled_for(logits)
+
+
+@pytest.mark.parametrize("dtype,temperature,with_entropy", [
+    (torch.bfloat16, 1.0, False), (torch.bfloat16, 0.7, True), (torch.float32, 1.3, True)])
+def test_compiled_chunks_compute_the_eager_chunks_values_and_gradients(monkeypatch, dtype, temperature,
+                                                                       with_entropy) -> None:
+    """The compiled path's formulas (one-hot by comparison, no scatter; fp32 whatever the logits) traced by dynamo and
+    run by torch's kernels (backend ``aot_eager``: inductor's generated kernels are the GPU test's,
+    ``tests/gpu_e2e/test_logprob_gpu.py``), against the eager chunks within two summation orders' bound."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # the suites switch dynamo off (conftest.py)
+    monkeypatch.setattr(logprob, "BACKEND", "aot_eager")
+    monkeypatch.setattr(logprob, "_COMPILED", {})
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    b, t, v = 2, 9, 300
+    base = torch.randn(b, t + 1, v, generator=gen, dtype=torch.float64) * 2
+    labels = torch.randint(0, v, (b, t), generator=gen)
+    w_lp, w_ent = torch.randn(b, t, generator=gen, dtype=torch.float64), torch.randn(b, t, generator=gen,
+                                                                                      dtype=torch.float64)
+    outs, grads = [], []
+    for mode in ("eager", "compiled"):
+        monkeypatch.setattr(logprob, "MODE", mode)
+        leaf = base.to(dtype).requires_grad_(True)
+        # 4 positions a chunk: chunks of two lengths (4 and 1), as micro-batches give, under one dynamic graph
+        lp, ent = token_log_probs(leaf[:, :-1], labels, temperature=temperature, with_entropy=with_entropy,
+                                  chunk_elements=4 * v)
+        ((lp.double() * w_lp).sum() + ((ent.double() * w_ent).sum() if with_entropy else 0)).backward()
+        outs.append((lp, ent))
+        grads.append(leaf.grad)
+    assert counters["stats"]["unique_graphs"] >= 2  # forward and backward ran compiled, not silently eager
+    assert outs[1][0].dtype == torch.float32 and grads[1].dtype == dtype
+    tol, grad_tol = _tols(torch.float32, base, w_lp, w_ent if with_entropy else torch.zeros(1), temperature)
+    assert (outs[0][0].double() - outs[1][0].double()).abs().max() <= tol
+    if with_entropy:
+        assert (outs[0][1].double() - outs[1][1].double()).abs().max() <= tol
+    # the gradient is rounded to the logits' dtype at the end on both paths: one unit of it more
+    unit = torch.finfo(dtype).eps * float(grads[0].double().abs().max())
+    assert (grads[0].double() - grads[1].double()).abs().max() <= grad_tol + unit
