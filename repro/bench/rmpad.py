@@ -83,6 +83,8 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
         actor.ppo_micro_batch_size_per_gpu = args.micro
     if case.endswith("lora"):
         arr.model.lora_rank, arr.model.lora_alpha = 8, 16
+    if case.endswith("compiled"):
+        arr.model.compile_layers = args.compile_backend  # the worker compiles them (repro.workers.layer_compile)
     # torch's AdamW by default: DeepSpeed's FusedAdam (the CUDA default of repro's config) is JIT-built on first use
     actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=args.adam == "torch")
     return cfg
@@ -118,7 +120,7 @@ def _child(args: argparse.Namespace) -> None:
     from repro.rl.mfu import achieved_flops, device_name, device_peak_flops
     from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
-    from repro.workers.layer_compile import captured_graphs
+    from repro.workers.layer_compile import captured_graphs, compiled_layers
 
     init_distributed()
     if args.case == "padded_full":
@@ -132,10 +134,6 @@ def _child(args: argparse.Namespace) -> None:
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
-    if args.case.endswith("compiled"):
-        from repro.workers.layer_compile import compile_decoder_layers
-
-        compile_decoder_layers(worker.engine.module, args.zero_stage, args.compile_backend)
     times = []
     for i in range(args.warmup + args.steps):
         if i == args.warmup and torch.cuda.is_available():
@@ -166,7 +164,10 @@ def _child(args: argparse.Namespace) -> None:
         "checkpointing": bool(getattr(worker.engine.module, "is_gradient_checkpointing", False)),
         # the basic optimizer inside ZeRO's wrapper, read back from the DeepSpeed engine
         "optimizer": type(getattr(worker.engine.engine.optimizer, "optimizer", worker.engine.engine.optimizer)).__name__,
-        "compiled_graphs": captured_graphs(),  # read back from dynamo: 0 unless layers ran compiled
+        # read back: the layers the engine's model runs compiled, and the graphs dynamo captured (the layers' and, on
+        # CUDA, the log-prob chunks')
+        "compiled_layers": compiled_layers(worker.engine.module),
+        "compiled_graphs": captured_graphs(),
         **host,
     }
     Path(args.result).write_text(json.dumps(row))
@@ -335,11 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --cases {bad[0]!r} is not valid; choose from {list(CASES)}", file=sys.stderr)
         return 2
     if "rmpad_compiled" in cases:
-        from repro.workers.layer_compile import refusal
+        from repro.config.rules import compile_refusal
 
-        why = refusal(args.zero_stage)
+        why = compile_refusal(args.zero_stage)
         if why:
-            print(f"error: --cases rmpad_compiled: {why}", file=sys.stderr)
+            print(f"error: --cases rmpad_compiled: compiled decoder layers: {why}", file=sys.stderr)
             return 2
     workdir, run_dir = open_workdir(args.workdir, "repro_rmpad_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")

@@ -7,6 +7,7 @@ from typing import Any
 
 from repro.config.engine import CheckpointConfig, DeepSpeedConfig, OptimConfig
 from repro.config.fields import (
+    COMPILE_LAYERS,
     KL_LOSS_TYPES,
     POLICY_LOSS_MODES,
     ROLLOUT_NAMES,
@@ -25,6 +26,11 @@ class ModelConfig:
     """Tokenizer directory; defaults to ``path``."""
     enable_gradient_checkpointing: bool = False
     """Activation checkpointing in the transformer blocks."""
+    compile_layers: str = "off"
+    """``off``, or the ``torch.compile`` backend of every decoder layer (``inductor``; ``aot_eager``: traced, run by
+    torch's kernels, bitwise the eager arithmetic). ZeRO-1/2 only. On one H100 at the 0.6B shape without checkpointing
+    it made the update 1.18x faster (``results/actor_update/README.md``, session 16); under checkpointing it did not
+    measurably pay."""
     use_remove_padding: bool = False
     """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
@@ -43,6 +49,7 @@ class ModelConfig:
     """Modules never adapted (peft's exclude_modules), or None."""
 
     def __post_init__(self) -> None:
+        _choice(self, "compile_layers", COMPILE_LAYERS)
         if self.lora_rank < 0:
             _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")
         if self.lora_rank and self.lora_alpha <= 0:

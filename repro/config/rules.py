@@ -9,6 +9,7 @@ loader warns with them).
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 from typing import Any
 
@@ -45,6 +46,17 @@ def plan_role_batch(cfg: RunConfig, role: str) -> RoleBatchPlan:
         )
     )
 
+
+
+def compile_refusal(zero_stage: int) -> str | None:
+    """Why decoder layers cannot be compiled under ``zero_stage`` in this environment, in one line; None when they can."""
+    if zero_stage not in (0, 1, 2):
+        return (f"zero_stage={zero_stage} is not valid; choose 0, 1 or 2 "
+                "(ZeRO-3's per-module gather hooks would be traced)")
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        # torch.compile reads it when called and then returns the function unchanged, without a word
+        return "TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it"
+    return None
 
 
 def validate_run_config(cfg: RunConfig) -> list[str]:
@@ -115,6 +127,16 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
         sections.append(("actor_rollout_ref.ref.deepspeed", arr.ref.deepspeed))
     for path, ds in sections:
         resolve_offload(ds.zero_stage, ds.offload, bool(ds.param_offload), ds.offload_dir, key=path)
+    compiled = [("actor_rollout_ref.model", arr.model, *sections[0])]
+    if ref_policy_used(cfg):
+        compiled.append(("actor_rollout_ref.model", arr.model, "actor_rollout_ref.ref.deepspeed", arr.ref.deepspeed))
+    if use_critic:
+        compiled.append(("critic.model", cfg.critic.model, "critic.deepspeed_config", cfg.critic.deepspeed_config))
+    for model_key, model, ds_key, ds in compiled:
+        why = compile_refusal(ds.zero_stage) if model.compile_layers != "off" else None
+        if why:
+            raise ValueError(f"{model_key}.compile_layers={model.compile_layers} with {ds_key}.zero_stage="
+                             f"{ds.zero_stage}: {why}")
 
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")

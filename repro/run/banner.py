@@ -32,8 +32,12 @@ def layout_words(dp: int, sp: int, setup: dict[str, Any] | None) -> str:
 
 
 def fused_norm_words(setup: dict[str, Any] | None) -> list[str]:
-    """The norms running torch's fused kernel, as counted on the module (none on a CPU)."""
-    return [f"fused RMSNorm (read back: {setup['fused_rms_norms']} norms)"] if setup and setup.get("fused_rms_norms") else []
+    """The norms running torch's fused kernel and the layers running compiled, as counted on the module (none on a
+    CPU, none without ``model.compile_layers``)."""
+    words = [f"fused RMSNorm (read back: {setup['fused_rms_norms']} norms)"] if setup and setup.get("fused_rms_norms") else []
+    if setup and setup.get("compiled_layers"):
+        words.append(f"compiled layers (read back: {setup['compiled_layers']})")
+    return words
 
 
 def lora_readback(setup: dict[str, Any] | None) -> str:

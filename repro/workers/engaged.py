@@ -20,6 +20,7 @@ break that turns it red). Each entry is read from the object that does the work:
 - ``sp``: the size of DeepSpeed's sequence-parallel process group (1 without one);
   ``attention``: the attention implementation the model runs (Ulysses' ``repro_ulysses_<role>``);
   ``fused_rms_norms``: norms running torch's fused kernel (:mod:`repro.workers.rms_norm`; 0 on CPU);
+  ``compiled_layers``: modules whose calls run under ``torch.compile`` (``model.compile_layers``);
 - ``fed``: what :meth:`RoleEngine.forward` handed the model since the last :meth:`FedInputs.reset`
   (forwards, rows, tokens, the widths, and how many came with an attention mask): the packed rows
   of remove-padding carry no mask, fewer tokens than the padded batch and, where samples fit
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from repro.workers import rms_norm
+from repro.workers.layer_compile import compiled_layers
 from repro.workers.placement import optimizer_placement, param_placement
 
 
@@ -110,6 +112,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "sp": _sp_size(engine),
         "attention": getattr(config, "_attn_implementation", None),
         "fused_rms_norms": rms_norm.fused_count(module),
+        "compiled_layers": compiled_layers(module),
         "fed": asdict(role.fed),
     }
 

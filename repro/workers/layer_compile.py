@@ -1,49 +1,49 @@
-"""torch.compile of the decoder layers: issue 35's experiment, set by the rmpad bench's ``rmpad_compiled`` case.
+"""torch.compile of the decoder layers: ``model.compile_layers`` (and the rmpad bench's ``rmpad_compiled`` case).
 
 The actor update at the 0.6B shape is host-bound on an H100: the GPU idles 85% of a profiled step
 (``results/actor_update/README.md``), and each of the 28 decoder layers dispatches about 330 operators an update
 (forward, the checkpointed recompute, backward). Compiled, a layer's forward and backward become a few generated
-kernels each. No config key sets this until a GPU run shows that it pays; the CPU suite proves that it changes no
+kernels each. On one H100 it paid once checkpointing was off (1.18x, session 16 of that page), not under
+checkpointing (session 15); hence a key, off by default. The CPU suite proves that it changes no
 value (``tests/distributed/workers/test_layer_compile.py``: backend ``aot_eager``, the same captured graphs run by
 torch's own kernels, so the arithmetic is the eager one and the comparison bitwise).
 
 Only where DeepSpeed leaves the layer's forward alone: ZeRO-1 and ZeRO-2. ZeRO-3 gathers each layer's parameters
 in hooks on the module, which the compiled call would have to trace.
 
-Imports: torch and ``repro.workers.zero3_leaf`` (the decoder layer class of a model).
+Imports: torch, ``repro.config.rules`` (the one refusal, which the config's validation also gives before any
+worker starts) and ``repro.workers.zero3_leaf`` (the decoder layer class of a model).
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
+from repro.config.rules import compile_refusal
 from repro.workers.zero3_leaf import decoder_layer_classes
-
-
-def refusal(zero_stage: int) -> str | None:
-    """Why compiled decoder layers cannot be what was asked here, in one line; None when they can."""
-    if zero_stage not in (0, 1, 2):
-        return (f"compiled decoder layers: zero_stage={zero_stage} is not valid; choose 0, 1 or 2 "
-                "(ZeRO-3's per-module gather hooks would be traced)")
-    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
-        # torch.compile reads it when called and then returns the function unchanged, without a word
-        return "compiled decoder layers: TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it"
-    return None
 
 
 def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str = "inductor") -> int:
     """Compile every decoder layer of ``model`` in place (``nn.Module.compile``); how many were set to compile."""
-    why = refusal(zero_stage)
+    why = compile_refusal(zero_stage)
     if why:
-        raise ValueError(why)
+        raise ValueError(f"compiled decoder layers: {why}")
     classes = tuple(decoder_layer_classes(model))
     layers = [m for m in model.modules() if classes and isinstance(m, classes)]
     for layer in layers:
         # dynamic shapes: token budgets give every micro-batch another length, and one graph serves them all
         layer.compile(backend=backend, dynamic=True)
     return len(layers)
+
+
+def from_config(model: torch.nn.Module, compile_layers: str, zero_stage: int) -> int:
+    """``model.compile_layers`` applied: the layers compiled with that backend (0 when ``off``)."""
+    return 0 if compile_layers == "off" else compile_decoder_layers(model, zero_stage, compile_layers)
+
+
+def compiled_layers(model: torch.nn.Module) -> int:
+    """Modules of ``model`` whose calls run compiled (``nn.Module.compile`` set them): the engine's read-back."""
+    return sum(1 for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None)
 
 
 def captured_graphs() -> int:

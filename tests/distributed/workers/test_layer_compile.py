@@ -1,10 +1,11 @@
-"""Compiled decoder layers (``repro.workers.layer_compile``) train exactly as the eager ones.
+"""Compiled decoder layers (``actor_rollout_ref.model.compile_layers``, ``repro.workers.layer_compile``) train exactly
+as the eager ones.
 
 Two gloo ranks, ZeRO-2, remove-padding and gradient checkpointing on (the rmpad bench's path), two
 ``update_policy`` calls each. Backend ``aot_eager``: dynamo and AOTAutograd capture each layer's forward and
 backward and torch's own kernels run the captured graphs, so the arithmetic is the eager one and the comparison is
-bitwise (inductor's generated kernels would round otherwise: a GPU question, issue 35). What ran compiled is read
-from dynamo (graphs captured), not from the call that asked for it.
+bitwise (inductor's generated kernels would round otherwise: ``tests/gpu_e2e/test_layer_compile_gpu.py``). What ran
+compiled is read back from the engine's report (layers compiled) and from dynamo (graphs captured), not from the key.
 """
 
 from __future__ import annotations
@@ -23,28 +24,28 @@ SAMPLES = 8
 
 def _train(rank: int, world: int, model_dir: str, compiled: bool) -> dict:
     from repro.workers.actor import ActorWorker
-    from repro.workers.layer_compile import captured_graphs, compile_decoder_layers
+    from repro.workers.layer_compile import captured_graphs
 
     cfg = make_cfg(model_dir, world=world, stage=2, n=2, train_batch_size=SAMPLES // 2, mini=SAMPLES // world,
                    micro=None, dynamic=True, max_tokens=40)
     cfg.actor_rollout_ref.model.use_remove_padding = True
     cfg.actor_rollout_ref.model.enable_gradient_checkpointing = True
-    worker = ActorWorker(cfg)
+    cfg.actor_rollout_ref.model.compile_layers = "aot_eager" if compiled else "off"
     # The suites switch dynamo off (TORCHDYNAMO_DISABLE=1, conftest.py: nothing else compiles, and it keeps
     # DeepSpeed's import light), which torch.compile reads when it is called and then silently does nothing: unset
     # for this task only, and the graphs dynamo captured are counted, so a no-op compile fails the test.
     disabled = os.environ.pop("TORCHDYNAMO_DISABLE", None)
     try:
         torch._dynamo.reset()
-        if compiled:
-            assert compile_decoder_layers(worker.engine.module, zero_stage=2, backend="aot_eager") == 2
+        worker = ActorWorker(cfg)
+        layers = worker.engine.report()["compiled_layers"]
         metrics = train_steps(worker, "actor", rank, world, range(2), SAMPLES)
         graphs = captured_graphs()
     finally:
         torch._dynamo.reset()  # the pool's warm rank runs other tests next: no compiled code stays behind
         if disabled is not None:
             os.environ["TORCHDYNAMO_DISABLE"] = disabled
-    return {"params": params_of(worker), "metrics": metrics, "graphs": graphs}
+    return {"params": params_of(worker), "metrics": metrics, "graphs": graphs, "layers": layers}
 
 
 def test_compiled_decoder_layers_train_bitwise_as_the_eager_ones(pooled, tmp_path):
@@ -52,6 +53,7 @@ def test_compiled_decoder_layers_train_bitwise_as_the_eager_ones(pooled, tmp_pat
     eager = pooled(_train, 2, timeout_s=180, args=(model_dir, False))
     compiled = pooled(_train, 2, timeout_s=180, args=(model_dir, True))
     assert [r["graphs"] for r in eager] == [0, 0] and min(r["graphs"] for r in compiled) > 0  # dynamo captured and ran them
+    assert [r["layers"] for r in eager] == [0, 0] and [r["layers"] for r in compiled] == [2, 2]  # the engine's read-back
     for rank in range(2):
         assert compiled[rank]["metrics"] == eager[rank]["metrics"], rank
         for name, want in eager[rank]["params"].items():

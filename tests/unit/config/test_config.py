@@ -313,3 +313,25 @@ def test_loss_scale_factor_is_verls_key_on_the_actor_and_the_critic():
     assert load([])[0].actor_rollout_ref.actor.loss_scale_factor is None  # verl's default: the padded width
     with pytest.raises(ValueError, match=r"^actor_rollout_ref\.actor\.loss_scale_factor=0(\.0)? must be a positive number"):
         load(["actor_rollout_ref.actor.loss_scale_factor=0"])
+
+
+def test_compiled_layers_are_refused_where_they_cannot_run_naming_both_keys(monkeypatch):
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    cfg = run_config(actor_rollout_ref__model__compile_layers="inductor")
+    validate_run_config(cfg)  # ZeRO-2 (the default): compiled layers run
+    cfg.actor_rollout_ref.actor.deepspeed = DeepSpeedConfig(zero_stage=3)
+    with pytest.raises(ValueError, match=r"^actor_rollout_ref\.model\.compile_layers=inductor with "
+                                         r"actor_rollout_ref\.actor\.deepspeed\.zero_stage=3: zero_stage=3 is not "
+                                         r"valid; choose 0, 1 or 2"):
+        validate_run_config(cfg)
+    critic = run_config(critic__model__compile_layers="aot_eager")
+    critic.critic.deepspeed_config = DeepSpeedConfig(zero_stage=3)
+    with pytest.raises(ValueError, match=r"^critic\.model\.compile_layers=aot_eager with critic\.deepspeed_config\."
+                                         r"zero_stage=3"):
+        validate_run_config(critic)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # torch.compile would silently do nothing
+    with pytest.raises(ValueError, match="TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it"):
+        validate_run_config(run_config(actor_rollout_ref__model__compile_layers="inductor"))
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.compile_layers=.*max-autotune.* is not valid; "
+                                         r"choose one of \['off', 'inductor', 'aot_eager'\]"):
+        load(["actor_rollout_ref.model.compile_layers=max-autotune"])

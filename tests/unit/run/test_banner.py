@@ -63,6 +63,12 @@ def test_the_fused_norms_show_only_where_the_engine_runs_them():
     assert "RMSNorm" not in _banner(engines={"actor": {**ZERO2["actor"], "fused_rms_norms": 0}})[1]
 
 
+def test_compiled_layers_show_only_where_the_engine_reports_them():
+    # model.compile_layers asked, the module's compiled calls counted (repro.workers.layer_compile.compiled_layers)
+    assert ", compiled layers (read back: 28)" in _banner(engines={"actor": {**ZERO2["actor"], "compiled_layers": 28}})[1]
+    assert "compiled layers" not in _banner(engines={"actor": {**ZERO2["actor"], "compiled_layers": 0}})[1]
+
+
 def test_an_sp_group_the_engine_did_not_build_shows_as_read_back():
     # asked for sp=2, the engine reports no sequence-parallel group: the banner says so, not the config
     lines = _banner("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", engines={"actor": {**ZERO2["actor"], "sp": 1}})
