@@ -46,6 +46,7 @@ import sys
 import time
 from pathlib import Path
 
+from repro.bench.host_ops import host_ops
 from repro.bench.workdir import open_workdir
 from repro.bench.workers import _model_config, _sync, add_case_process_args, make_model_dir
 from repro.collectives.launch.launcher import free_port
@@ -81,6 +82,12 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
         actor.ppo_max_token_len_per_gpu = args.budget or args.micro * (args.prompt + args.response)
     else:
         actor.ppo_micro_batch_size_per_gpu = args.micro
+    # the log-prob pass (--infer) splits the batch as the update does: the same budget, or the same micro-batch
+    arr.rollout.log_prob_use_dynamic_bsz = bool(actor.use_dynamic_bsz)
+    if actor.use_dynamic_bsz:
+        arr.rollout.log_prob_max_token_len_per_gpu = actor.ppo_max_token_len_per_gpu
+    else:
+        arr.rollout.log_prob_micro_batch_size_per_gpu = args.micro
     if case.endswith("lora"):
         arr.model.lora_rank, arr.model.lora_alpha = 8, 16
     if case.endswith("compiled"):
@@ -134,30 +141,29 @@ def _child(args: argparse.Namespace) -> None:
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, _model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
-    times = []
-    for i in range(args.warmup + args.steps):
-        if i == args.warmup and torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-        _sync()
-        start = time.perf_counter()
-        worker.update_policy(batch)
-        _sync()
-        times.append(time.perf_counter() - start)
-    host = _host_ops(worker, batch) if args.host_ops else {}
+    times = _timed(args, lambda: worker.update_policy(batch), reset_peak=True)
+    # the old-log-prob pass as verl's trainer runs it (entropy on, no gradient), timed the same way
+    infer = [] if not args.infer else _timed(args, lambda: worker.compute_log_prob(batch, calculate_entropy=True))
+    host = host_ops(lambda: worker.update_policy(batch)) if args.host_ops else {}
     if args.profile:
         _profile(args, worker, batch)
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
     lengths = batch["attention_mask"].sum(1).tolist()
     peak = device_peak_flops(device_name(worker.engine.device))
+    config = _model_config(args.shape)
+    infer_s = statistics.median(infer[args.warmup:]) if infer else None
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
+        # verl's perf/mfu/actor_infer: the forward's FLOPs are a third of the update's formula
+        **({"infer_s": infer_s, "infer_update_s": infer[args.warmup:],
+            "infer_mfu": achieved_flops(config, lengths, infer_s) / peak / 3} if infer else {}),
         # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
         # session 15), so a reader must see whether an update's spread or a process's placement made a median
         "update_s": times[args.warmup:],
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         # verl's perf/mfu/actor formula (repro.rl.mfu) over the whole batch and the median update
-        "mfu": achieved_flops(_model_config(args.shape), lengths, step_s) / peak,
+        "mfu": achieved_flops(config, lengths, step_s) / peak,
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
         # read back from the model the engine trains, not the flag the bench was given
@@ -173,77 +179,21 @@ def _child(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(row))
 
 
-_OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
-
-
-def _host_ops(worker, batch: dict) -> dict:
-    """What the host dispatches in one more update, counted by torch.profiler's CPU activity: the same
-    on any machine for a given model depth and batch split, and the work of a launch-bound GPU step.
-
-    ``host_ops``: operators (``aten::``, and the autograd engine's backward nodes) inside no other
-    operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
-    ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
-    stack; ``autograd`` for the backward nodes, ``other`` for torch itself); ``host_ops_top``: the
-    twelve frames that issued most. ``host_syncs`` (CUDA only, one more update): the operations
-    torch's sync debug mode flags as waiting for the GPU to drain (``item()``, ``nonzero``,
-    device-to-host copies...); not counted on a CPU, where every tensor is a host tensor and such
-    reads cost nothing. ``host_sync_sites``: those syncs by the Python line that issued them (:func:`sync_sites`).
-    """
-    from collections import Counter
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        worker.update_policy(batch)
-
-    def is_op(e) -> bool:
-        return e.name.startswith(("aten::", "autograd::"))
-
-    by: Counter[str] = Counter()
-    frames_by: Counter[str] = Counter()
-    events = prof.events()
-    for e in events:
-        if not is_op(e):
-            continue
-        frames, parent = [], e.cpu_parent
-        while parent is not None and not is_op(parent):
-            frames.append(parent.name)  # Python frames (with_stack), innermost first
-            parent = parent.cpu_parent
-        if parent is not None:
-            continue  # inside another operator: part of its dispatch
-        frame = "autograd" if e.name.startswith("autograd::engine") else next(
-            (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
-        by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
-        frames_by[frame.split("packages/")[-1]] += 1
-    syncs, sync_sites = _device_syncs(worker, batch)
-    return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()),
-            "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": syncs, "host_sync_sites": sync_sites}
-
-
-def sync_sites(caught: list) -> tuple[int, dict[str, int]]:
-    """The sync debug mode's warnings: how many, and by the Python line that issued each (the warning's
-    own file and line: torch attributes it to the frame that called the synchronising operator)."""
-    from collections import Counter
-
-    sites = Counter(f"{w.filename.split('packages/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
-    return sum(sites.values()), dict(sites.most_common(12))
-
-
-def _device_syncs(worker, batch: dict) -> tuple[int | str, dict[str, int]]:
-    import warnings
-
+def _timed(args: argparse.Namespace, call, reset_peak: bool = False) -> list[float]:
+    """Seconds of each of ``warmup + steps`` calls, the device drained before and after each (peak memory counted
+    from the first timed call when ``reset_peak``)."""
     import torch
 
-    if on_cpu():
-        return "", {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            worker.update_policy(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sync_sites(caught)
+    times = []
+    for i in range(args.warmup + args.steps):
+        if reset_peak and i == args.warmup and torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        _sync()
+        start = time.perf_counter()
+        call()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
@@ -277,6 +227,8 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing,
            "--logprob", args.logprob, "--adam", args.adam]
+    if args.infer:
+        cmd.append("--infer")
     if args.host_ops:
         cmd.append("--host-ops")
     cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend]
@@ -311,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="log-prob chunks (repro.workers.logprob.MODE): auto = compiled on CUDA in half precision")
     parser.add_argument("--adam", choices=("torch", "fused"), default="torch",
                         help="torch's AdamW, or DeepSpeed's FusedAdam (CUDA; JIT-built once per machine)")
+    parser.add_argument("--infer", action="store_true",
+                        help="also time the old-log-prob pass (compute_log_prob with entropy) and print its MFU")
     parser.add_argument("--profile", default="",
                         help="folder: one more update per case under torch.profiler, and its phases.md")
     parser.add_argument("--host-ops", action="store_true",
@@ -352,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             upd = rows[-1]["update_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
                   f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}", file=sys.stderr, flush=True)
+            if "infer_s" in rows[-1]:
+                inf = rows[-1]["infer_update_s"]
+                print(f"# round {rnd} {case}: log-prob pass {rows[-1]['infer_s']:.3f} s (median of {len(inf)}: "
+                      f"{min(inf):.3f}-{max(inf):.3f}), MFU {rows[-1]['infer_mfu']:.1%}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:
                 print(f"# round {rnd} {case}: host ops by issuer {rows[-1]['host_ops_by']}", file=sys.stderr, flush=True)
                 for frame, count in rows[-1]["host_ops_top"].items():

@@ -162,7 +162,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     """rmpad's CPU smoke run with ``--profile``: hooks, ranges and the analysis on a real trace."""
     cmd = [sys.executable, "-m", "repro.bench.rmpad", "--shape", "tiny", "--prompt", "32", "--response", "32",
            "--min-response", "4", "--steps", "1", "--warmup", "1", "--rounds", "1", "--cases", "padded",
-           "--checkpointing", "off", "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work"), "--host-ops"]
+           "--checkpointing", "off", "--infer", "--profile", str(tmp_path / "profile"), "--workdir", str(tmp_path / "work"), "--host-ops"]
     root = Path(__file__).resolve().parents[3]
     env = dict(os.environ, PYTHONPATH=pythonpath(root))
     done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
@@ -182,6 +182,10 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     expected = achieved_flops(tiny, lengths, result_row["step_s"]) / 448e9
     assert result_row["mfu"] == pytest.approx(expected, rel=1e-9), (result_row["mfu"], expected)
     assert f"MFU {expected:.1%}" in done.stderr, done.stderr[-2000:]
+    # --infer: the old-log-prob pass timed too, its MFU a third of the formula (verl's perf/mfu/actor_infer)
+    assert len(result_row["infer_update_s"]) == 1 and result_row["infer_s"] > 0, result_row
+    infer = achieved_flops(tiny, lengths, result_row["infer_s"]) / 448e9 / 3
+    assert result_row["infer_mfu"] == pytest.approx(infer, rel=1e-9) and "log-prob pass " in done.stderr
     folder = tmp_path / "profile" / "padded_0"
     trace_path = folder / "step3_rank0.trace.json"
     raw = json.loads(trace_path.read_text())

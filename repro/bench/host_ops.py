@@ -1,0 +1,82 @@
+"""What the host dispatches in one more update, counted by torch.profiler: the work of a launch-bound GPU step.
+
+``python -m repro.bench.rmpad --host-ops`` reports it for each case (``results/actor_update/README.md``, session 12
+on): the number depends on the model's depth and the batch split, not on its width, so a CPU counts a GPU's.
+"""
+
+from __future__ import annotations
+
+from repro.devices import on_cpu
+
+_OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
+
+
+def host_ops(update) -> dict:
+    """What the host dispatches in one more call of ``update`` (one optimizer update), counted by torch.profiler's
+    CPU activity: the same on any machine for a given model depth and batch split, and the work of a launch-bound
+    GPU step.
+
+    ``host_ops``: operators (``aten::``, and the autograd engine's backward nodes) inside no other
+    operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
+    ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
+    stack; ``autograd`` for the backward nodes, ``other`` for torch itself); ``host_ops_top``: the
+    twelve frames that issued most. ``host_syncs`` (CUDA only, one more update): the operations
+    torch's sync debug mode flags as waiting for the GPU to drain (``item()``, ``nonzero``,
+    device-to-host copies...); not counted on a CPU, where every tensor is a host tensor and such
+    reads cost nothing. ``host_sync_sites``: those syncs by the Python line that issued them (:func:`sync_sites`).
+    """
+    from collections import Counter
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        update()
+
+    def is_op(e) -> bool:
+        return e.name.startswith(("aten::", "autograd::"))
+
+    by: Counter[str] = Counter()
+    frames_by: Counter[str] = Counter()
+    events = prof.events()
+    for e in events:
+        if not is_op(e):
+            continue
+        frames, parent = [], e.cpu_parent
+        while parent is not None and not is_op(parent):
+            frames.append(parent.name)  # Python frames (with_stack), innermost first
+            parent = parent.cpu_parent
+        if parent is not None:
+            continue  # inside another operator: part of its dispatch
+        frame = "autograd" if e.name.startswith("autograd::engine") else next(
+            (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
+        by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
+        frames_by[frame.split("packages/")[-1]] += 1
+    syncs, sites = _device_syncs(update)
+    return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()),
+            "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": syncs, "host_sync_sites": sites}
+
+
+def sync_sites(caught: list) -> tuple[int, dict[str, int]]:
+    """The sync debug mode's warnings: how many, and by the Python line that issued each (the warning's
+    own file and line: torch attributes it to the frame that called the synchronising operator)."""
+    from collections import Counter
+
+    sites = Counter(f"{w.filename.split('packages/')[-1]}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+    return sum(sites.values()), dict(sites.most_common(12))
+
+
+def _device_syncs(update) -> tuple[int | str, dict[str, int]]:
+    import warnings
+
+    import torch
+
+    if on_cpu():
+        return "", {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            update()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sync_sites(caught)
