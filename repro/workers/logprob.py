@@ -17,7 +17,8 @@ an fp32 copy of the chunk: at the 0.6B shape's 151,936-entry vocabulary the log-
 took 82 ms of GPU time, more than the LM head's matmul (``results/actor_update/README.md``, session 16). Compiled
 (inductor, CUDA), a chunk's forward is one or two reductions that read the half-precision logits where they lie and
 its backward one pointwise kernel writing the gradient in the logits' dtype: no fp32 copy of a chunk, so the chunks
-can be twice as large (:data:`COMPILED_CHUNK_ELEMENTS`) for about the memory of an eager chunk. Both are the same formulas in fp32, summed in another order.
+can be twice as large (:data:`COMPILED_CHUNK_ELEMENTS`) for about the memory of an eager chunk. Both are the same
+formulas in fp32, summed in another order.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ MODES = ("auto", "compiled", "eager")
 MODE = "auto"
 """``auto``: compiled on CUDA for half-precision logits unless dynamo is switched off (``TORCHDYNAMO_DISABLE=1``),
 eager elsewhere, so the CPU path and its goldens stay exact; ``compiled`` or ``eager`` force either."""
+
+BACKEND = "inductor"
+"""The compiled path's torch.compile backend (the CPU test sets ``aot_eager``: traced, run by torch's kernels)."""
 
 COMPILED_CHUNK_ELEMENTS = 1 << 25
 """Values of one compiled chunk (about 220 tokens of a 150k vocabulary): its temporaries live in registers, so its
@@ -146,17 +150,14 @@ def _backward_math(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, gra
 _COMPILED: dict[str, object] = {}
 
 
-def _compiled(name: str, backend: str = "inductor"):
-    """The compiled math, made once per process (dynamic shapes: chunks and micro-batches vary in length)."""
-    key = f"{name}:{backend}"
+def _compiled(name: str):
+    """The compiled math under :data:`BACKEND`, made once per process (dynamic shapes: chunks and micro-batches vary
+    in length, and one graph serves them all)."""
+    key = f"{name}:{BACKEND}"
     if key not in _COMPILED:
         fn = {"forward": _forward_math, "backward": _backward_math}[name]
-        _COMPILED[key] = torch.compile(fn, backend=backend, dynamic=True)
+        _COMPILED[key] = torch.compile(fn, backend=BACKEND, dynamic=True)
     return _COMPILED[key]
-
-
-BACKEND = "inductor"
-"""The compiled path's torch.compile backend (the CPU test sets ``aot_eager``: traced, run by torch's kernels)."""
 
 
 def compiled_for(logits: torch.Tensor) -> bool:
@@ -178,7 +179,7 @@ class _CompiledTokenLogProb(torch.autograd.Function):
         lse = torch.empty(shape, dtype=torch.float32, device=logits.device)
         log_prob = torch.empty(shape, dtype=torch.float32, device=logits.device)
         entropy = torch.empty(shape if with_entropy else (0,), dtype=torch.float32, device=logits.device)
-        forward = _compiled("forward", BACKEND)
+        forward = _compiled("forward")
         for rows, pos in _chunks(logits, chunk_elements):
             c_lse, c_lp, c_ent = forward(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
             lse[rows, pos], log_prob[rows, pos] = c_lse, c_lp
@@ -195,7 +196,7 @@ class _CompiledTokenLogProb(torch.autograd.Function):
         glp = torch.zeros_like(lse) if grad_log_prob is None else grad_log_prob.float()
         use_entropy = ctx.with_entropy and grad_entropy is not None
         gent = grad_entropy.float() if use_entropy else lse
-        backward = _compiled("backward", BACKEND)
+        backward = _compiled("backward")
         for rows, pos in _chunks(logits, ctx.chunk_elements):
             grad[rows, pos] = backward(logits[rows, pos], labels[rows, pos], lse[rows, pos], glp[rows, pos],
                                        gent[rows, pos], ctx.temperature, use_entropy)
