@@ -162,8 +162,7 @@ def test_auto_mode_keeps_cpu_logits_on_the_exact_eager_path_and_a_bad_mode_names
         logprob.compiled_for(logits)
 
 
-@pytest.mark.parametrize("dtype,temperature,with_entropy", [
-    (torch.bfloat16, 1.0, False), (torch.bfloat16, 0.7, True), (torch.float32, 1.3, True)])
+@pytest.mark.parametrize("dtype,temperature,with_entropy", [(torch.bfloat16, 0.7, True), (torch.float32, 1.0, False)])
 def test_compiled_chunks_compute_the_eager_chunks_values_and_gradients(monkeypatch, dtype, temperature,
                                                                        with_entropy) -> None:
     """The compiled path's formulas (one-hot by comparison, no scatter; fp32 whatever the logits) traced by dynamo and
