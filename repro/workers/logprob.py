@@ -81,27 +81,31 @@ def _scaled(chunk: torch.Tensor, dtype: torch.dtype, temperature: float) -> torc
 
 
 class _TokenLogProb(torch.autograd.Function):
+    """The chunks, eager (torch's kernels) or ``compiled`` (:func:`_compiled`): the same forward formulas; the
+    backward's one-hot term is a scatter eager (the CPU goldens' arithmetic) and a comparison compiled."""
+
     @staticmethod
-    def forward(ctx, logits, labels, temperature, with_entropy, chunk_elements):  # noqa: D102
+    def forward(ctx, logits, labels, temperature, with_entropy, chunk_elements, compiled):  # noqa: D102
         shape, acc = logits.shape[:2], _accumulation_dtype(logits)
         lse = torch.empty(shape, dtype=acc, device=logits.device)
         log_prob = torch.empty(shape, dtype=acc, device=logits.device)
         entropy = torch.empty(shape if with_entropy else (0,), dtype=acc, device=logits.device)
+        chunk_forward = _compiled("forward") if compiled else _forward_math
         for rows, pos in _chunks(logits, chunk_elements):
-            x = _scaled(logits[rows, pos], acc, temperature)
-            chunk_lse = torch.logsumexp(x, dim=-1)
-            lse[rows, pos] = chunk_lse
-            log_prob[rows, pos] = x.gather(-1, labels[rows, pos].unsqueeze(-1)).squeeze(-1) - chunk_lse
+            c_lse, c_lp, c_ent = chunk_forward(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
+            lse[rows, pos], log_prob[rows, pos] = c_lse, c_lp
             if with_entropy:
-                p = torch.exp(x - chunk_lse.unsqueeze(-1))
-                entropy[rows, pos] = chunk_lse - (p * x).sum(-1)
+                entropy[rows, pos] = c_ent
         ctx.save_for_backward(logits, labels, lse)
         ctx.temperature, ctx.with_entropy, ctx.chunk_elements = temperature, with_entropy, chunk_elements
+        ctx.compiled = compiled
         return log_prob, entropy
 
     @staticmethod
     def backward(ctx, grad_log_prob, grad_entropy):  # noqa: D102
         logits, labels, lse = ctx.saved_tensors
+        if ctx.compiled:
+            return _compiled_backward(ctx, logits, labels, lse, grad_log_prob, grad_entropy)
         t = ctx.temperature
         grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
         use_entropy = ctx.with_entropy and grad_entropy is not None
@@ -118,12 +122,13 @@ class _TokenLogProb(torch.autograd.Function):
                 mean_x = (p * x).sum(-1, keepdim=True)
                 g += grad_entropy[rows, pos].to(lse.dtype).unsqueeze(-1) * p * (mean_x - x)
             grad[rows, pos] = (g / t if t != 1.0 else g).to(grad.dtype)
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _forward_math(x: torch.Tensor, labels: torch.Tensor, temperature: float, with_entropy: bool):
-    """(lse, log-prob, entropy) of one chunk: the compiled path's forward (inductor fuses it into reductions)."""
-    x = _scaled(x, torch.float32, temperature)
+    """(lse, log-prob, entropy) of one chunk, in the accumulation dtype: eager as it stands, compiled fused by
+    inductor into reductions over the half-precision chunk."""
+    x = _scaled(x, _accumulation_dtype(x), temperature)
     lse = torch.logsumexp(x, dim=-1)
     log_prob = x.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     if not with_entropy:
@@ -137,7 +142,7 @@ def _backward_math(x: torch.Tensor, labels: torch.Tensor, lse: torch.Tensor, gra
     """The chunk's gradient in the logits' dtype: one pointwise kernel (and one reduction with entropy), the
     one-hot term drawn by comparison instead of a scatter so that nothing is written twice."""
     out_dtype = x.dtype
-    x = _scaled(x, torch.float32, temperature)
+    x = _scaled(x, _accumulation_dtype(x), temperature)
     p = torch.exp(x - lse.unsqueeze(-1))
     onehot = labels.unsqueeze(-1) == torch.arange(x.shape[-1], device=x.device)
     g = (onehot.to(x.dtype) - p) * grad_log_prob.unsqueeze(-1)
@@ -170,37 +175,17 @@ def compiled_for(logits: torch.Tensor) -> bool:
             and os.environ.get("TORCHDYNAMO_DISABLE") != "1")
 
 
-class _CompiledTokenLogProb(torch.autograd.Function):
-    """:class:`_TokenLogProb`'s contract (fp32 results, a gradient in the logits' dtype) with each chunk compiled."""
-
-    @staticmethod
-    def forward(ctx, logits, labels, temperature, with_entropy, chunk_elements):  # noqa: D102
-        shape = logits.shape[:2]
-        lse = torch.empty(shape, dtype=torch.float32, device=logits.device)
-        log_prob = torch.empty(shape, dtype=torch.float32, device=logits.device)
-        entropy = torch.empty(shape if with_entropy else (0,), dtype=torch.float32, device=logits.device)
-        forward = _compiled("forward")
-        for rows, pos in _chunks(logits, chunk_elements):
-            c_lse, c_lp, c_ent = forward(logits[rows, pos], labels[rows, pos], temperature, with_entropy)
-            lse[rows, pos], log_prob[rows, pos] = c_lse, c_lp
-            if with_entropy:
-                entropy[rows, pos] = c_ent
-        ctx.save_for_backward(logits, labels, lse)
-        ctx.temperature, ctx.with_entropy, ctx.chunk_elements = temperature, with_entropy, chunk_elements
-        return log_prob, entropy
-
-    @staticmethod
-    def backward(ctx, grad_log_prob, grad_entropy):  # noqa: D102
-        logits, labels, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
-        glp = torch.zeros_like(lse) if grad_log_prob is None else grad_log_prob.float()
-        use_entropy = ctx.with_entropy and grad_entropy is not None
-        gent = grad_entropy.float() if use_entropy else lse
-        backward = _compiled("backward")
-        for rows, pos in _chunks(logits, ctx.chunk_elements):
-            grad[rows, pos] = backward(logits[rows, pos], labels[rows, pos], lse[rows, pos], glp[rows, pos],
-                                       gent[rows, pos], ctx.temperature, use_entropy)
-        return grad, None, None, None, None
+def _compiled_backward(ctx, logits, labels, lse, grad_log_prob, grad_entropy) -> tuple:
+    """The compiled chunks' backward: each chunk's gradient one kernel, copied into the gradient."""
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+    glp = torch.zeros_like(lse) if grad_log_prob is None else grad_log_prob.float()
+    use_entropy = ctx.with_entropy and grad_entropy is not None
+    gent = grad_entropy.float() if use_entropy else lse
+    chunk_backward = _compiled("backward")
+    for rows, pos in _chunks(logits, ctx.chunk_elements):
+        grad[rows, pos] = chunk_backward(logits[rows, pos], labels[rows, pos], lse[rows, pos], glp[rows, pos],
+                                         gent[rows, pos], ctx.temperature, use_entropy)
+    return grad, None, None, None, None, None
 
 
 def token_log_probs(
@@ -223,7 +208,7 @@ def token_log_probs(
     compiled = compiled_for(logits)
     if chunk_elements is None:
         chunk_elements = COMPILED_CHUNK_ELEMENTS if compiled else CHUNK_ELEMENTS
-    fn = _CompiledTokenLogProb if compiled else _TokenLogProb
     with phase("logprob"):  # its backward is labelled through the forward op's sequence number
-        log_prob, entropy = fn.apply(logits, labels.long(), float(temperature), bool(with_entropy), int(chunk_elements))
+        log_prob, entropy = _TokenLogProb.apply(logits, labels.long(), float(temperature), bool(with_entropy),
+                                                int(chunk_elements), compiled)
     return log_prob, (entropy if with_entropy else None)

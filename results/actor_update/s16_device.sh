@@ -11,16 +11,9 @@
 #   GPUS=0 SCRIPT_TIMEOUT=1100 BUDGET_S=1100 bash scripts/seed_scale.sh bg s16 script results/actor_update/s16_device.sh
 #   bash scripts/seed_scale.sh poll 560
 set -u
-O=${OUT:-/tmp/out}
 W=/tmp/s16_work
-mkdir -p "$O" "$W"
-# the bg job runs from a copy of the tree without the wheels: the device call installs them first (below)
-[ -d /tmp/site/deepspeed ] || { echo "no /tmp/site/deepspeed: pip install .whl/*.whl --target /tmp/site first" >&2; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'
-  python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
-} > "$O/env.txt" 2>&1
+mkdir -p "$W"
+source results/actor_update/device_env.sh
 bench() {  # NAME ARGS...: one bench command on the batch, its table and its log kept
   local name=$1; shift
   python3 -m repro.bench.rmpad --shape qwen3-0.6b --prompt 256 --response 512 --min-response 1 --micro 16 --gas 4 \

@@ -12,15 +12,9 @@
 #   GPUS=0 SCRIPT_TIMEOUT=1100 BUDGET_S=1100 bash scripts/seed_scale.sh bg s16b script results/actor_update/s16b_device.sh
 #   bash scripts/seed_scale.sh poll 560
 set -u
-O=${OUT:-/tmp/out}
 W=/tmp/s16_work
-mkdir -p "$O" "$W"
-[ -d /tmp/site/deepspeed ] || { echo "no /tmp/site/deepspeed: pip install .whl/*.whl --target /tmp/site first" >&2; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'
-  python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
-} > "$O/env.txt" 2>&1
+mkdir -p "$W"
+source results/actor_update/device_env.sh
 REPRO_GPU_TESTS=1 python3 -m pytest tests/gpu_e2e/test_logprob_gpu.py -q -p no:cacheprovider > "$O/gpu_test.log" 2>&1
 echo "gpu test rc=$?"; tail -3 "$O/gpu_test.log"
 bench() {  # NAME ARGS...: one bench command on the batch, its table and its log kept

@@ -7,14 +7,7 @@
 #   GPUS=0,1 SCRIPT_TIMEOUT=1000 BUDGET_S=1000 bash scripts/seed_scale.sh bg s16c script results/actor_update/s16c_device.sh
 #   bash scripts/seed_scale.sh poll 560
 set -u
-O=${OUT:-/tmp/out}
-mkdir -p "$O"
-[ -d /tmp/site/deepspeed ] || { echo "no /tmp/site/deepspeed: pip install .whl/*.whl --target /tmp/site first" >&2; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'
-  python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
-} > "$O/env.txt" 2>&1
+source results/actor_update/device_env.sh
 python3 -m repro.bench.workers --shape qwen3-0.6b --nproc 2 --rounds 2 --cases zero1,zero2,zero3 \
   --runners worker,fsdp2 --workdir /tmp/s16c_work --out "$O/workers.tsv" > "$O/workers.log" 2>&1
 echo "workers rc=$?"; cat "$O/workers.tsv" 2>/dev/null || tail -20 "$O/workers.log"

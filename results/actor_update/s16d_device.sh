@@ -7,15 +7,9 @@
 #   GPUS=0 SCRIPT_TIMEOUT=400 BUDGET_S=400 bash scripts/seed_scale.sh bg s16d script results/actor_update/s16d_device.sh
 #   bash scripts/seed_scale.sh poll 420
 set -u
-O=${OUT:-/tmp/out}
 W=/tmp/s16_work
-mkdir -p "$O" "$W"
-[ -d /tmp/site/deepspeed ] || { echo "no /tmp/site/deepspeed: pip install .whl/*.whl --target /tmp/site first" >&2; exit 2; }
-export PYTHONPATH=/tmp/site:$PWD TORCH_CUDA_ARCH_LIST=9.0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; lscpu | grep -m1 'Model name'
-  python3 -c "import torch, transformers, deepspeed; print(torch.__version__, transformers.__version__, deepspeed.__version__)"
-} > "$O/env.txt" 2>&1
+mkdir -p "$W"
+source results/actor_update/device_env.sh
 python3 -m repro.bench.rmpad --shape qwen3-0.6b --prompt 256 --response 512 --min-response 1 --micro 16 --gas 4 \
   --workdir "$W" --cases rmpad_compiled --rounds 2 --budget 32768 --checkpointing off --adam fused \
   --out "$O/key_C.tsv" > "$O/key_C.log" 2>&1
