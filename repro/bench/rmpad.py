@@ -17,8 +17,9 @@ taken within one command:
 - ``rmpad_sdpa``: the same without the varlen path: rows of the padded width under
   transformers' ``sdpa`` attention with its block-causal mask (what CPU runs use);
 - ``rmpad_lora``: ``rmpad`` with LoRA (rank 8, all linear layers);
-- ``rmpad_compiled``: ``rmpad`` with every decoder layer under ``torch.compile`` (``--compile-backend``, inductor
-  by default; :mod:`repro.workers.layer_compile`, ZeRO-1/2 only), compiled in the warm-up update. Beside ``rmpad``
+- ``rmpad_compiled``: ``rmpad`` with every decoder layer under ``torch.compile`` (``actor_rollout_ref.model.
+  compile_layers`` set to ``--compile-backend``, inductor by default; :mod:`repro.workers.layer_compile`, ZeRO-1/2
+  only), compiled in the warm-up update. Beside ``rmpad``
   in one command (``--cases rmpad,rmpad_compiled --rounds 3``) the two alternate, so the order is controlled.
 
 Prompts are left-padded to ``--prompt`` tokens with real lengths uniform in
@@ -156,7 +157,7 @@ def _child(args: argparse.Namespace) -> None:
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
         # verl's perf/mfu/actor_infer: the forward's FLOPs are a third of the update's formula
-        **({"infer_s": infer_s, "infer_update_s": infer[args.warmup:],
+        **({"infer_s": infer_s, "infer_each_s": infer[args.warmup:],
             "infer_mfu": achieved_flops(config, lengths, infer_s) / peak / 3} if infer else {}),
         # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
         # session 15), so a reader must see whether an update's spread or a process's placement made a median
@@ -307,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
                   f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}", file=sys.stderr, flush=True)
             if "infer_s" in rows[-1]:
-                inf = rows[-1]["infer_update_s"]
+                inf = rows[-1]["infer_each_s"]
                 print(f"# round {rnd} {case}: log-prob pass {rows[-1]['infer_s']:.3f} s (median of {len(inf)}: "
                       f"{min(inf):.3f}-{max(inf):.3f}), MFU {rows[-1]['infer_mfu']:.1%}", file=sys.stderr, flush=True)
             if "host_ops_by" in rows[-1]:

@@ -183,7 +183,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     assert result_row["mfu"] == pytest.approx(expected, rel=1e-9), (result_row["mfu"], expected)
     assert f"MFU {expected:.1%}" in done.stderr, done.stderr[-2000:]
     # --infer: the old-log-prob pass timed too, its MFU a third of the formula (verl's perf/mfu/actor_infer)
-    assert len(result_row["infer_update_s"]) == 1 and result_row["infer_s"] > 0, result_row
+    assert len(result_row["infer_each_s"]) == 1 and result_row["infer_s"] > 0, result_row
     infer = achieved_flops(tiny, lengths, result_row["infer_s"]) / 448e9 / 3
     assert result_row["infer_mfu"] == pytest.approx(infer, rel=1e-9) and "log-prob pass " in done.stderr
     folder = tmp_path / "profile" / "padded_0"
