@@ -125,7 +125,7 @@ def _child(args: argparse.Namespace) -> None:
     import torch
 
     from repro.cluster.process_group import init_distributed
-    from repro.rl.mfu import achieved_flops, device_name, device_peak_flops
+    from repro.rl.mfu import device_name, mfu
     from repro.workers import logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
     from repro.workers.layer_compile import captured_graphs, compiled_layers
@@ -151,20 +151,19 @@ def _child(args: argparse.Namespace) -> None:
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
     lengths = batch["attention_mask"].sum(1).tolist()
-    peak = device_peak_flops(device_name(worker.engine.device))
-    config = _model_config(args.shape)
+    device, config = device_name(worker.engine.device), _model_config(args.shape)
     infer_s = statistics.median(infer[args.warmup:]) if infer else None
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
-        # verl's perf/mfu/actor_infer: the forward's FLOPs are a third of the update's formula
+        # the trainer's own figures (repro.rl.mfu, verl's formula): perf/mfu/actor_infer for the log-prob pass
         **({"infer_s": infer_s, "infer_each_s": infer[args.warmup:],
-            "infer_mfu": achieved_flops(config, lengths, infer_s) / peak / 3} if infer else {}),
+            "infer_mfu": mfu(config, lengths, infer_s, device, forward_only=True)} if infer else {}),
         # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
         # session 15), so a reader must see whether an update's spread or a process's placement made a median
         "update_s": times[args.warmup:],
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
-        # verl's perf/mfu/actor formula (repro.rl.mfu) over the whole batch and the median update
-        "mfu": achieved_flops(config, lengths, step_s) / peak,
+        # perf/mfu/actor over the whole batch and the median update
+        "mfu": mfu(config, lengths, step_s, device),
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
         # read back from the model the engine trains, not the flag the bench was given

@@ -47,7 +47,6 @@ def plan_role_batch(cfg: RunConfig, role: str) -> RoleBatchPlan:
     )
 
 
-
 def compile_refusal(zero_stage: int) -> str | None:
     """Why decoder layers cannot be compiled under ``zero_stage`` in this environment, in one line; None when they can."""
     if zero_stage not in (0, 1, 2):

@@ -180,7 +180,7 @@ def _compiled_backward(ctx, logits, labels, lse, grad_log_prob, grad_entropy) ->
     grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     glp = torch.zeros_like(lse) if grad_log_prob is None else grad_log_prob.float()
     use_entropy = ctx.with_entropy and grad_entropy is not None
-    gent = grad_entropy.float() if use_entropy else lse
+    gent = grad_entropy.float() if use_entropy else lse  # unread without entropy: any tensor of lse's shape
     chunk_backward = _compiled("backward")
     for rows, pos in _chunks(logits, ctx.chunk_elements):
         grad[rows, pos] = chunk_backward(logits[rows, pos], labels[rows, pos], lse[rows, pos], glp[rows, pos],
