@@ -21,7 +21,8 @@ Every metric but timings, MFU, throughput, host memory and NVML's device-wide me
 GPU memory peaks, scores, losses and norms were equal to the last bit on three H100 hosts
 (``fixtures/goldens/README.md``). The median
 step time after warm-up is bounded by the runs' mean + 3 sd. Keyed on the GPU model, the number of GPUs, the
-policy's cache key and the torch / transformers / DeepSpeed / vLLM versions.
+policy's cache key, the torch / transformers / DeepSpeed / vLLM versions and the log-prob chunks' path (compiled or
+eager: ``repro.workers.logprob``).
 """
 
 from __future__ import annotations
@@ -112,17 +113,23 @@ STEP_TIME_SD = 3.0
 
 
 def gpu_identity(run_dir: Path) -> dict[str, object]:
-    """What a GPU golden is valid for: the GPU model and count, the policy's cache key, the versions."""
+    """What a GPU golden is valid for: the GPU model and count, the policy's cache key, the versions, the log-prob path."""
     import deepspeed
     import torch
     import transformers
     import vllm
     import yaml
 
+    from repro.workers.logprob import compiled_for
+
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    # The log-prob chunks' path changes every log-prob's last bits (compiled on CUDA in bf16 unless
+    # TORCHDYNAMO_DISABLE=1): asked here as the run's workers ask it, in the environment the gate gave both.
+    chunks = "compiled" if compiled_for(torch.empty(0, device="cuda", dtype=torch.bfloat16)) else "eager"
     return {"gpu": torch.cuda.get_device_name(0), "n_gpus": cfg["trainer"]["n_gpus_per_node"],
             "policy_key": Path(cfg["actor_rollout_ref"]["model"]["path"]).name, "torch": torch.__version__,
-            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "vllm": vllm.__version__}
+            "transformers": transformers.__version__, "deepspeed": deepspeed.__version__, "vllm": vllm.__version__,
+            "logprob_chunks": chunks}
 
 
 def gpu_steps(run_dir: Path) -> tuple[list[dict], float]:

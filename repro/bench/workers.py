@@ -1,12 +1,11 @@
 """Worker benchmark: ``ActorWorker.update_policy`` against a bare DeepSpeed loop and FSDP2, per ZeRO case.
 
-For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and
-parameter offload; ZeRO-3 with the decoder layers as leaf modules, the workers' default, and
-``zero3_noleaf`` with stock per-submodule hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with
-DeepSpeed's constant bucket/prefetch/persistence sizes instead of the size-aware ones of
-``repro.config.zero3``) the runners train the same randomly initialised
-model on the same batch, each in its own set of rank processes (peak memory would leak from one
-case into the next in a shared process):
+For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and parameter offload;
+ZeRO-3 with the decoder layers as leaf modules, the workers' default, and ``zero3_noleaf`` with stock per-submodule
+hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with DeepSpeed's constant bucket/prefetch/persistence sizes
+instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``) the runners train the
+same randomly initialised model on the same batch, each in its own set of rank processes (peak memory would leak
+from one case into the next in a shared process):
 
 - ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
   samples per rank, so one optimizer step per call);
@@ -28,8 +27,7 @@ of one sample's tokens at a time instead of a whole sample, the length at which 
 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
-    python -m repro.bench.workers --cases zero3_dsdefaults,zero3,zero3_offload_dsdefaults,zero3_offload \
-        --runners worker,fsdp2 --rounds 2                                 # old vs size-aware ZeRO-3 sizes
+    python -m repro.bench.workers --cases zero2,zero2_overlap --runners worker,fsdp2 --rounds 2  # ZeRO-2's overlap_comm
 """
 
 from __future__ import annotations
@@ -47,12 +45,16 @@ from repro.bench.workdir import open_workdir, save_once
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
+_ON_DEVICE = {"offload": "none", "param_offload": False}
 CASES = {
-    "zero1": {"zero_stage": 1, "offload": "none", "param_offload": False},
-    "zero2": {"zero_stage": 2, "offload": "none", "param_offload": False},
-    "zero3": {"zero_stage": 3, "offload": "none", "param_offload": False},
-    "zero3_noleaf": {"zero_stage": 3, "offload": "none", "param_offload": False, "zero3_leaf_modules": False},
-    "zero3_dsdefaults": {"zero_stage": 3, "offload": "none", "param_offload": False, "zero3_size_aware": False},
+    "zero1": {"zero_stage": 1, **_ON_DEVICE},
+    "zero2": {"zero_stage": 2, **_ON_DEVICE},
+    "zero3": {"zero_stage": 3, **_ON_DEVICE},
+    "zero3_noleaf": {"zero_stage": 3, **_ON_DEVICE, "zero3_leaf_modules": False},
+    "zero3_dsdefaults": {"zero_stage": 3, **_ON_DEVICE, "zero3_size_aware": False},
+    # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
+    "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
+    "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
     "zero1_offload": {"zero_stage": 1, "offload": "cpu", "param_offload": False},
     "zero2_offload": {"zero_stage": 2, "offload": "cpu", "param_offload": False},
     "zero3_offload": {"zero_stage": 3, "offload": "cpu", "param_offload": True},
@@ -256,8 +258,9 @@ def _child(args: argparse.Namespace) -> None:
         measured = _fsdp2(args, cfg, batch["input_ids"])
     step_s = statistics.median(measured)
     zero3 = getattr(engine, "optimizer", None)
+    if rank == 0 and engine is not None:  # what DeepSpeed really took, into the case's log
+        print(f"# overlap_comm={engine.zero_overlap_comm()} reduce_bucket_size={engine.zero_reduce_bucket_size()}", flush=True)
     if rank == 0 and hasattr(zero3, "prefetch_elements"):
-        # The sizes the ZeRO-3 optimizer really took (into the case's log).
         print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
               f"persistence={zero3.parameter_offload.param_numel_persistence_threshold}", flush=True)
     mem = memory_metrics()
@@ -303,9 +306,8 @@ def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, r
                 codes.append(p.wait(timeout=max(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 codes.append(None)
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        for p in [p for p in procs if p.poll() is None]:
+            p.kill()
     if any(c != 0 for c in codes) or not result.is_file():
         tail = log.read_text()[-4000:]
         raise RuntimeError(f"{case}/{runner} failed (exit codes {codes}); log {log}:\n{tail}")
@@ -368,8 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     runners = [r for r in args.runners.split(",") if r]
     bad = [f"--cases: {c!r} is not valid; choose from {list(CASES)}" for c in cases if c not in CASES]
     bad += [f"--runners: {r!r} is not valid; choose from {list(RUNNERS)}" for r in runners if r not in RUNNERS]
-    if args.rounds < 1:
-        bad.append(f"--rounds={args.rounds} is not valid; it must be >= 1")
+    bad += [f"--rounds={args.rounds} is not valid; it must be >= 1"] if args.rounds < 1 else []
     if args.sp < 1 or args.nproc % args.sp or (args.sp > 1 and runners != ["worker"]):
         bad.append(f"--sp={args.sp} is not valid; it must divide --nproc={args.nproc}, and above 1 needs "
                    f"--runners worker (the bare loop and FSDP2 do not shard sequences)")

@@ -171,6 +171,8 @@ def build_ds_config(
         zero.update({key: size.value for key, size in sizes.items()})
     if ds.zero_stage < 3:
         zero["allgather_bucket_size"] = int(ds.allgather_bucket_size)
+    if ds.overlap_comm is not None:
+        zero["overlap_comm"] = bool(ds.overlap_comm)
     pin = bool(on_cuda)
     if trainable and offload.optimizer != "none":
         section: dict[str, Any] = {"device": offload.optimizer, "pin_memory": pin}

@@ -99,6 +99,9 @@ class DeepSpeedConfig:
     default, measured in results/bench/zero3_defaults.md: no faster at the Qwen3-0.6B shape): DeepSpeed's."""
     allgather_bucket_size: int = 500_000_000
     """DeepSpeed allgather bucket size (elements, ZeRO-1/2)."""
+    overlap_comm: bool | None = None
+    """Reduce gradient buckets on DeepSpeed's side stream while the backward goes on; None: DeepSpeed's
+    default (off at ZeRO-1/2, on at ZeRO-3). At ZeRO-2 a bucket reduces only once full (``reduce_bucket_size``)."""
     torch_adam: bool | None = None
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
     zero3_leaf_modules: bool = True

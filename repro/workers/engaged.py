@@ -7,6 +7,7 @@ in cannot see any of that, so every test claiming one of these features asserts 
 instead (issue 36, item 5; ``results/engaged_features.md`` lists each claim and the deliberate
 break that turns it red). Each entry is read from the object that does the work:
 
+- ``overlap_comm``: whether DeepSpeed reduces gradients on its side stream (its default or the key);
 - ``stage``, ``optimizer``, ``param``: the ZeRO stage DeepSpeed built and where its optimizer
   states and parameter partitions are (:mod:`repro.workers.placement`);
 - ``zero3_leaves``: one class name per module that DeepSpeed registered as a ZeRO-3 leaf (its
@@ -101,6 +102,7 @@ def engine_report(role: Any) -> dict[str, Any]:
     config = getattr(module, "config", None)
     return {
         "stage": int(engine.zero_optimization_stage()) if engine is not None else None,
+        "overlap_comm": bool(engine.zero_overlap_comm()) if engine is not None else None,
         "optimizer": optimizer_placement(engine) if engine is not None else "none",
         "param": param_placement(engine) if engine is not None else "device",
         "zero3_leaves": leaves,

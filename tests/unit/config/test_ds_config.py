@@ -186,3 +186,15 @@ def test_sequence_parallel_counts_dp_ranks_and_turns_off_zero3_reduce_scatter(st
     assert conf["zero_optimization"].get("reduce_scatter", True) is (stage != 3)
     assert build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), BENCH_PLAN, grad_clip=1.0,
                            on_cuda=True)["zero_optimization"].get("reduce_scatter", True) is True
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_overlap_comm_is_deepspeeds_default_unless_set(stage):
+    # Unset, the key stays out and DeepSpeed decides (on at ZeRO-3 only); set, it reaches DeepSpeed as given.
+    plan = BENCH_PLAN
+    unset = build_ds_config(DeepSpeedConfig(zero_stage=stage), OptimConfig(), plan, grad_clip=1.0, on_cuda=True)
+    assert "overlap_comm" not in unset["zero_optimization"]
+    for value in (True, False):
+        cfg = build_ds_config(DeepSpeedConfig(zero_stage=stage, overlap_comm=value), OptimConfig(), plan,
+                              grad_clip=1.0, on_cuda=True)
+        assert cfg["zero_optimization"]["overlap_comm"] is value
