@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 35, session 17, one GPU of the 2-H200 lease (GPU 1, beside the policy build on GPU 0): form C of
+# Issue 35, session 17, one H200 (2-GPU kinds were not lent at the time), before the policy build: form C of
 # s16d_device.sh (the issue's batch, one 32,768-token micro-batch, compiled decoder layers through the config key,
 # compiled log-prob chunks, no checkpointing, DeepSpeed FusedAdam) for three rounds, now with --infer: the
 # old-log-prob pass timed on the same batch and its perf/mfu/actor_infer (goal 45%) beside the update's (goal 35%).
-#   GPUS=1 SCRIPT_TIMEOUT=420 bash scripts/seed_scale.sh bg rmp script results/actor_update/s17_device.sh
+#   GPUS=0 SCRIPT_TIMEOUT=420 bash scripts/seed_scale.sh bg rmp script results/actor_update/s17_device.sh
 set -u
 W=/tmp/s17_work
 mkdir -p "$W"
