@@ -29,7 +29,8 @@ parsed trace and its labels are :class:`repro.bench.trace_events.Trace`'s):
   communication is printed under the table); instants with none go to ``idle/launch``. So the
   rows sum to the step.
 
-FLOPs of one forward + backward over the batch, from ``repro.rl.mfu.flops_by_part`` (verl's MFU
+FLOPs of one forward + backward over the batch (a third of it for a forward-only pass: ``forward_only`` in the
+meta), from ``repro.rl.mfu.flops_by_part`` (verl's MFU
 terms split by part; ``T`` tokens = sum of lengths, ``S`` = sum of squared lengths, ``h`` hidden,
 ``L`` layers, ``a`` heads, ``d`` head dim, ``k`` KV heads, ``f`` MLP width, ``V`` vocabulary):
 
@@ -132,17 +133,21 @@ def shape_dict(config: Any) -> dict[str, Any]:
     return {k: getattr(config, k, None) for k in SHAPE_KEYS}
 
 
-def flops(config: Any, tokens: int, sq_tokens: int, lm_tokens: int | None = None) -> dict[str, float]:
-    """FLOPs per phase (module docstring) and ``"mfu_total"``, the MFU formula's whole count."""
+def flops(config: Any, tokens: int, sq_tokens: int, lm_tokens: int | None = None,
+          forward_only: bool = False) -> dict[str, float]:
+    """FLOPs per phase (module docstring) and ``"mfu_total"``, the MFU formula's whole count; ``forward_only``
+    (a log-prob pass): a third of each, as verl's ``perf/mfu/actor_infer`` counts it."""
     from repro.rl.mfu import flops_by_part
 
     parts = flops_by_part(config, tokens, sq_tokens)
     if not parts:
         return {}
+    scale = 1 / 3 if forward_only else 1.0
     per_token_head = parts["lm_head"] / tokens if tokens else 0.0
-    return {"attention": parts["attention"], "mlp": parts["mlp"],
-            "lm_head": per_token_head * (tokens if lm_tokens is None else lm_tokens),
-            "embedding": 0.0, "mfu_total": sum(parts.values())}
+    out = {"attention": parts["attention"], "mlp": parts["mlp"],
+           "lm_head": per_token_head * (tokens if lm_tokens is None else lm_tokens),
+           "embedding": 0.0, "mfu_total": sum(parts.values())}
+    return {k: v * scale for k, v in out.items()}
 
 
 def _pct(x: float) -> str:
@@ -192,7 +197,7 @@ def report(trace_path: str | Path, meta: dict[str, Any] | None = None, peak_tflo
     phase_flops = None
     if meta and meta.get("shape") is not None and meta.get("tokens") is not None:
         phase_flops = flops(shape_config(meta["shape"]), int(meta["tokens"]), int(meta.get("sq_tokens") or 0),
-                            meta.get("lm_tokens"))
+                            meta.get("lm_tokens"), bool(meta.get("forward_only")))
     idle = idle_table(idle_host(raw))
     return table(result, phase_flops, peak_tflops) + ("\n" + idle if idle else "")
 

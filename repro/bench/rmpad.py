@@ -197,26 +197,32 @@ def _timed(args: argparse.Namespace, call, reset_peak: bool = False) -> list[flo
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
-    """One more update under the profiler, after the timed ones (the figures stay unprofiled); beside
-    its trace, ``<stem>.shape.json`` (the model shape and the batch's token counts) and ``phases.md``
-    (:mod:`repro.bench.profile_phases`: time per phase beside its ideal at the device's peak)."""
+    """One more update under the profiler, after the timed ones (the figures stay unprofiled), and with ``--infer``
+    one more log-prob pass (``<case>_<round>_infer``); beside each trace, ``<stem>.shape.json`` (the model shape,
+    the batch's token counts, whether the pass is forward only) and ``phases.md`` (:mod:`repro.bench.profile_phases`:
+    time per phase beside its ideal at the device's peak)."""
     from repro.bench import profile_phases
     from repro.rl.mfu import device_name, device_peak_flops
     from repro.workers.profiling import StepProfiler
 
-    profiler = StepProfiler(Path(args.profile) / Path(args.result).stem, rank=0)  # <case>_<round>
-    profiler.start(args.warmup + args.steps + 1, models=[worker.engine.module])
-    worker.update_policy(batch)
-    profiler.stop()
     lengths = batch["attention_mask"].sum(1).tolist()
-    meta = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
-            "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum())}
-    trace = profiler.stem.with_suffix(".trace.json")
-    profile_phases.meta_path(trace).write_text(json.dumps(meta, indent=1) + "\n")
-    peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
-    text = profile_phases.report(trace, meta, peak)
-    (profiler.out_dir / "phases.md").write_text(f"{args.case}, {profiler.stem.name}\n\n{text}")
-    print(text, flush=True)
+    passes = [("", lambda: worker.update_policy(batch), False)]
+    if args.infer:
+        passes.append(("_infer", lambda: worker.compute_log_prob(batch, calculate_entropy=True), True))
+    for suffix, run, forward_only in passes:
+        profiler = StepProfiler(Path(args.profile) / (Path(args.result).stem + suffix), rank=0)  # <case>_<round>
+        profiler.start(args.warmup + args.steps + 1, models=[worker.engine.module])
+        run()
+        profiler.stop()
+        meta = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
+                "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum()),
+                "forward_only": forward_only}
+        trace = profiler.stem.with_suffix(".trace.json")
+        profile_phases.meta_path(trace).write_text(json.dumps(meta, indent=1) + "\n")
+        peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
+        text = profile_phases.report(trace, meta, peak)
+        (profiler.out_dir / "phases.md").write_text(f"{args.case}{suffix}, {profiler.stem.name}\n\n{text}")
+        print(text, flush=True)
 
 
 def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path, rnd: int) -> dict:
@@ -266,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--infer", action="store_true",
                         help="also time the old-log-prob pass (compute_log_prob with entropy) and print its MFU")
     parser.add_argument("--profile", default="",
-                        help="folder: one more update per case under torch.profiler, and its phases.md")
+                        help="folder: one more update per case (and log-prob pass with --infer) under "
+                             "torch.profiler, and its phases.md")
     parser.add_argument("--host-ops", action="store_true",
                         help="count the operators and device syncs the host issues in one more update per case")
     parser.add_argument("--norms", choices=("auto", "fused", "eager"), default="auto",

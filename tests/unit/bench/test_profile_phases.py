@@ -146,6 +146,12 @@ def test_the_flop_columns_split_the_mfu_formula_by_phase() -> None:
     assert "- MFU formula's count (embedding and LM head on every token): 1.157e-05 GFLOP" in text
 
 
+def test_a_forward_only_pass_counts_a_third_of_every_phases_flops() -> None:
+    full = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4)
+    forward = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4, forward_only=True)
+    assert forward == {k: v / 3 for k, v in full.items()}
+
+
 def test_the_cli_reads_shape_and_counts_from_the_json_beside_the_trace(tmp_path: Path, capsys) -> None:
     trace = tmp_path / "step3_rank0.trace.json"
     trace.write_text(json.dumps(gpu_trace()))
@@ -206,6 +212,12 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     text = (folder / "phases.md").read_text()
     assert "| **step** |" in text and "| attention |" in text and "GFLOP" in text
     print(text)
+    # --infer with --profile: the log-prob pass profiled too (a forward: no optimizer), its ideal a third of the FLOPs
+    infer_folder = tmp_path / "profile" / "padded_0_infer"
+    assert json.loads(next(infer_folder.glob("*.shape.json")).read_text())["forward_only"] is True
+    infer_phases = attribute(json.loads(next(infer_folder.glob("*.trace.json")).read_text()))["phases"]
+    assert infer_phases.get("optimizer", 0) == 0 and infer_phases.get("mlp", 0) > 0, infer_phases
+    assert "| **step** |" in (infer_folder / "phases.md").read_text()
     # --host-ops: the same update's dispatches, far more than the model's modules (every layer's
     # forward, backward and optimizer ops), each issuer's share printed; device syncs on CUDA only
     header, row = [line.split("\t") for line in done.stdout.rstrip("\n").splitlines()[-2:]]
