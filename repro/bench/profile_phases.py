@@ -43,7 +43,8 @@ terms split by part; ``T`` tokens = sum of lengths, ``S`` = sum of squared lengt
 - norm, logprob, optimizer, communication: no matmul FLOPs (memory-bound), no ideal given.
 
 Ideal ms = FLOPs / peak. A recomputed forward (activation checkpointing) is work the ideal does
-not count. Imports the standard library, :mod:`repro.bench.trace_events` and :mod:`repro.bench.profile_idle`;
+not count. Imports the standard library, :mod:`repro.bench.trace_events`, :mod:`repro.bench.profile_idle` and
+:mod:`repro.bench.profile_kernels`;
 ``repro.rl.mfu`` (torch) and, for ``--shape NAME``,
 ``repro.bench.workers`` (transformers) only when FLOPs are asked for.
 """
@@ -58,6 +59,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from repro.bench.profile_idle import idle_host, idle_table
+from repro.bench.profile_kernels import kernel_table
 from repro.bench.trace_events import COMM, GRAD_ACC, UNLABELED, Trace, is_comm
 
 IDLE = "idle/launch"
@@ -191,7 +193,8 @@ def table(result: dict[str, Any], phase_flops: dict[str, float] | None = None, p
 
 def report(trace_path: str | Path, meta: dict[str, Any] | None = None, peak_tflops: float = 989.0) -> str:
     """The table of one trace, then (device traces) what the host did while the GPU idled
-    (:mod:`repro.bench.profile_idle`); ``meta``: ``{"shape": ..., "tokens", "sq_tokens", "lm_tokens"?}`` (or None)."""
+    (:mod:`repro.bench.profile_idle`) and the kernels by kind (:mod:`repro.bench.profile_kernels`);
+    ``meta``: ``{"shape": ..., "tokens", "sq_tokens", "lm_tokens"?}`` (or None)."""
     raw = json.loads(Path(trace_path).read_text())
     result = attribute(raw)
     phase_flops = None
@@ -199,7 +202,8 @@ def report(trace_path: str | Path, meta: dict[str, Any] | None = None, peak_tflo
         phase_flops = flops(shape_config(meta["shape"]), int(meta["tokens"]), int(meta.get("sq_tokens") or 0),
                             meta.get("lm_tokens"), bool(meta.get("forward_only")))
     idle = idle_table(idle_host(raw))
-    return table(result, phase_flops, peak_tflops) + ("\n" + idle if idle else "")
+    kernels = kernel_table(raw)
+    return table(result, phase_flops, peak_tflops) + ("\n" + idle if idle else "") + ("\n\n" + kernels if kernels else "")
 
 
 def meta_path(trace_path: str | Path) -> Path:

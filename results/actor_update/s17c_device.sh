@@ -2,7 +2,9 @@
 # Issue 35, session 17's second one-H200 call: where the log-prob pass's time goes (39% perf/mfu/actor_infer in
 # s17_device.sh against the 45% asked). Form C of s17_device.sh once more with --profile: one more update and one
 # more log-prob pass under torch.profiler after the timed ones, each split into phases beside its ideal at peak
-# (the log-prob pass's ideal a third of the update's FLOPs, as verl's formula counts it).
+# (the log-prob pass's ideal a third of the update's FLOPs, as verl's formula counts it). Run twice: the second time
+# (after repro/bench/profile_kernels.py) each phases.md also sums the kernels by kind (GEMM, attention, inductor's
+# triton, ...): the compiled layers open no repro:: range, so the phase table alone cannot split them.
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   GPUS=0 SCRIPT_TIMEOUT=400 bash scripts/seed_scale.sh bg prof script results/actor_update/s17c_device.sh
 set -u
