@@ -23,7 +23,8 @@ from typing import Any
 from repro.bench.trace_events import Trace, is_comm
 
 KINDS = ("gemm", "attention", "triton", "communication", "memcpy/memset", "other")
-_MARKS = (("gemm", ("gemm", "nvjet", "cutlass", "xmma")), ("attention", ("flash", "fmha", "attention")),
+# Attention first: FlashAttention's kernel names carry CUTLASS types (``cutlass::bfloat16_t``) in their templates.
+_MARKS = (("attention", ("flash", "fmha", "attention")), ("gemm", ("gemm", "nvjet", "cutlass", "xmma")),
           ("triton", ("triton_",)))
 
 

@@ -13,7 +13,7 @@ TRACE = {"traceEvents": [
     {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 1, "pid": 1, "tid": 1, "args": {}},
     _kernel("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 0, 4000),
     _kernel("sm90_xmma_gemm_bf16bf16_bf16f32", 4000, 2000),
-    _kernel("flash_fwd_kernel<Flash_fwd_kernel_traits>", 6000, 1500),
+    _kernel("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, cutlass::bfloat16_t>>", 6000, 1500),
     _kernel("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", 7500, 1000),
     _kernel("triton_per_fused__to_copy_add_mean_mul_pow_rsqrt_0", 8500, 1000),
     _kernel("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 8000, 500),
