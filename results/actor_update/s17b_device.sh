@@ -3,8 +3,11 @@
 # seq 1024, micro 2, GAS 4, checkpointing, FusedAdam) with ZeRO-2's overlap_comm (the new key
 # actor.deepspeed.overlap_comm: the reduce on DeepSpeed's side stream during the backward) in buckets of 5e7 and
 # 2e8 elements, beside ZeRO-1, plain ZeRO-2 (5e8, no overlap) and FSDP2; two rounds alternating, 8 measured steps.
-# Each case's log says what DeepSpeed took ("# overlap_comm=... reduce_bucket_size=...").
-#   GPUS=0,1 SCRIPT_TIMEOUT=560 bash scripts/seed_scale.sh bg wb after=build,rmp script results/actor_update/s17b_device.sh
+# Each case's log says what DeepSpeed took ("# overlap_comm=... reduce_bucket_size=..."). Not yet run: no two-GPU
+# machine was lent while session 17 had device time. Carry [".whl"] on an nvidia-h200-x2 (or h100-x2):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+#   GPUS=0,1 SCRIPT_TIMEOUT=560 bash scripts/seed_scale.sh bg wb script results/actor_update/s17b_device.sh
+#   bash scripts/seed_scale.sh poll 560
 set -u
 source results/actor_update/device_env.sh
 W=/tmp/s17b_work
