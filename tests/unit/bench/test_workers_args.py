@@ -29,3 +29,24 @@ def test_the_narrow_shape_keeps_what_sets_the_0p6b_host_op_count():
     assert (narrow.num_attention_heads // narrow.num_key_value_heads
             == full.num_attention_heads // full.num_key_value_heads)
     assert narrow.hidden_size < full.hidden_size
+
+
+@pytest.mark.parametrize("case", list(workers.CASES))
+def test_every_case_builds_the_deepspeed_json_it_names(case):
+    # A case is its DeepSpeed section: the overlap cases reach DeepSpeed's JSON with overlap and their bucket,
+    # the others leave overlap_comm to DeepSpeed's default (the engine reads it back: test_placement.py).
+    from argparse import Namespace
+
+    from repro.config.ds_config import build_ds_config
+    from repro.config.plan import role_batch_plan
+
+    args = Namespace(micro=2, gas=4, seq=64, no_gradient_checkpointing=False, sp=1)
+    cfg = workers._run_config("/nonexistent", case, args, world=2)
+    actor = cfg.actor_rollout_ref.actor
+    zero = build_ds_config(actor.deepspeed, actor.optim, role_batch_plan(cfg, "actor"), grad_clip=1.0,
+                           on_cuda=True)["zero_optimization"]
+    want = workers.CASES[case]
+    assert zero["stage"] == want["zero_stage"]
+    assert zero.get("overlap_comm") == want.get("overlap_comm")
+    if "reduce_bucket_size" in want:
+        assert zero["reduce_bucket_size"] == want["reduce_bucket_size"]
