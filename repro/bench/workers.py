@@ -11,17 +11,16 @@ from one case into the next in a shared process):
   samples per rank, so one optimizer step per call);
 - ``bare``: ``deepspeed.initialize`` with the same DeepSpeed JSON and a plain loop of
   ``gas`` x (forward with labels, ``engine.backward``, ``engine.step``);
-- ``fsdp2`` (once per round, not per case): PyTorch's ``fully_shard`` on every decoder layer and
-  the root of the same model (fp32 parameters, bf16 compute and fp32 gradient reduction on CUDA,
-  as verl's FSDP2 workers), the same ``gas`` x (forward with labels, backward) with gradient sync
-  only on the last micro-batch, grad-norm clipping at 1.0 and torch AdamW (fused on CUDA).
+- ``fsdp2`` and ``fsdp2_each`` (once per round, not per case): PyTorch's ``fully_shard`` loop of
+  :mod:`repro.bench.fsdp2_loop`, the gradients reduced once a step (``fsdp2``) or after every micro-batch
+  (``fsdp2_each``: verl's default, ``use_no_sync_for_gradient_accumulation=False``, and what ZeRO-2/3 do).
 
 ``--rounds N`` repeats every (case, runner) N times, alternating them (round-robin), and reports
 the median step time over rounds: compare versions only within one command.
 
 Every sample has ``seq`` real tokens (half prompt, half response). Output: one TSV row per
 case and runner (step seconds, tokens/s per GPU, peak allocated/reserved GB), the worker's
-throughput as a fraction of the bare loop's, and each row's throughput as a fraction of FSDP2's.
+throughput as a fraction of the bare loop's, and each row's throughput as a fraction of each FSDP2 loop's.
 ``--sp 2`` runs the worker with Ulysses sp=2 (dp = nproc / sp): at ``--micro 1`` each GPU holds half
 of one sample's tokens at a time instead of a whole sample, the length at which SP is what fits.
 
@@ -41,6 +40,7 @@ import sys
 import time
 from pathlib import Path
 
+from repro.bench.fsdp2_loop import fsdp2_steps
 from repro.bench.workdir import open_workdir, save_once
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
@@ -60,9 +60,10 @@ CASES = {
     "zero3_offload": {"zero_stage": 3, "offload": "cpu", "param_offload": True},
     "zero3_offload_dsdefaults": {"zero_stage": 3, "offload": "cpu", "param_offload": True, "zero3_size_aware": False},
 }
-RUNNERS = ("worker", "bare", "fsdp2")
+RUNNERS = ("worker", "bare", "fsdp2", "fsdp2_each")
+FSDP2 = ("fsdp2", "fsdp2_each")
 COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb", "max_reserved_gb",
-           "worker_vs_bare", "vs_fsdp2", "optimizer_on", "params_on")
+           "worker_vs_bare", "vs_fsdp2", "optimizer_on", "params_on", "vs_fsdp2_each")
 
 
 def _model_config(shape: str):
@@ -193,46 +194,6 @@ def _bare_deepspeed(args: argparse.Namespace, cfg, ids) -> tuple[list[float], ob
     return _timed_steps(args, step), engine
 
 
-def _fsdp2(args: argparse.Namespace, cfg, ids) -> list[float]:
-    import torch
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from repro.devices import default_device
-    from repro.workers import rms_norm
-    from repro.workers.engine import load_hf_model
-    from repro.workers.zero3_leaf import decoder_layer_classes
-
-    dev = default_device()
-    on_cuda = dev.type == "cuda"
-    # fp32 parameters (the optimizer's master copy), bf16 compute on CUDA, fp32 gradient reduction.
-    model = load_hf_model(cfg.actor_rollout_ref.model, torch.float32).to(dev)
-    if rms_norm.supported(torch.bfloat16 if on_cuda else torch.float32):
-        rms_norm.enable(model)  # it computes in bf16 on CUDA (below): the norms the DeepSpeed runners get
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if on_cuda else torch.float32, reduce_dtype=torch.float32)
-    # fully_shard's default mesh is CUDA whenever a GPU is visible, DS_ACCELERATOR=cpu or not.
-    mesh = init_device_mesh(dev.type, (torch.distributed.get_world_size(),))
-    layers = tuple(decoder_layer_classes(model))
-    for module in model.modules():
-        if isinstance(module, layers):
-            fully_shard(module, mp_policy=mp, mesh=mesh)
-    fully_shard(model, mp_policy=mp, mesh=mesh)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.actor_rollout_ref.actor.optim.lr, fused=on_cuda)
-    ids = ids.to(dev)
-
-    def step() -> None:
-        for g in range(args.gas):
-            model.set_requires_gradient_sync(g == args.gas - 1)
-            mb = ids[g * args.micro:(g + 1) * args.micro]
-            (model(input_ids=mb, labels=mb, use_cache=False).loss / args.gas).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    return _timed_steps(args, step)
-
-
 def _child(args: argparse.Namespace) -> None:
     """One rank of one (case, runner): train ``warmup + steps`` steps and report step times."""
     import torch.distributed as dist
@@ -254,8 +215,8 @@ def _child(args: argparse.Namespace) -> None:
         engine = worker.engine.engine
     elif args.runner == "bare":
         measured, engine = _bare_deepspeed(args, cfg, batch["input_ids"])
-    else:
-        measured = _fsdp2(args, cfg, batch["input_ids"])
+    else:  # fsdp2 reduces once a step (gradient sync on the last micro-batch), fsdp2_each after every micro-batch
+        measured = fsdp2_steps(args, cfg, batch["input_ids"], _timed_steps, each_micro=args.runner == "fsdp2_each")
     step_s = statistics.median(measured)
     zero3 = getattr(engine, "optimizer", None)
     if rank == 0 and engine is not None:  # what DeepSpeed really took, into the case's log
@@ -329,17 +290,16 @@ def _median_rows(rows: list[dict]) -> list[dict]:
 
 def _format(rows: list[dict]) -> str:
     bare = {r["case"]: r for r in rows if r["runner"] == "bare"}
-    fsdp2 = next((r for r in rows if r["runner"] == "fsdp2"), None)
+    ref = {name: next((r for r in rows if r["runner"] == name), None) for name in FSDP2}
     lines = ["\t".join(COLUMNS)]
     for r in rows:
-        ratio = vs_fsdp2 = ""
+        ratio = ""
         if r["runner"] == "worker" and r["case"] in bare:
             ratio = f"{r['tokens_per_s_per_gpu'] / bare[r['case']]['tokens_per_s_per_gpu']:.3f}"
-        if fsdp2 is not None:
-            vs_fsdp2 = f"{r['tokens_per_s_per_gpu'] / fsdp2['tokens_per_s_per_gpu']:.3f}"
+        vs = {name: f"{r['tokens_per_s_per_gpu'] / f['tokens_per_s_per_gpu']:.3f}" if f else "" for name, f in ref.items()}
         lines.append("\t".join([r["case"], r["runner"], f"{r['step_s']:.4f}", f"{r['tokens_per_s_per_gpu']:.1f}",
-                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio, vs_fsdp2,
-                                r.get("optimizer_on", ""), r.get("params_on", "")]))
+                                f"{r['max_allocated_gb']:.2f}", f"{r['max_reserved_gb']:.2f}", ratio, vs["fsdp2"],
+                                r.get("optimizer_on", ""), r.get("params_on", ""), vs["fsdp2_each"]]))
     return "\n".join(lines)
 
 
@@ -378,8 +338,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {bad[0]}", file=sys.stderr)
         return 2
     # FSDP2 does not depend on the ZeRO case: one run per round, before the cases.
-    plan = ([("fsdp2", "fsdp2")] if "fsdp2" in runners else []) + [
-        (case, runner) for case in cases for runner in runners if runner != "fsdp2"]
+    plan = [(r, r) for r in FSDP2 if r in runners] + [
+        (case, runner) for case in cases for runner in runners if runner not in FSDP2]
     workdir, run_dir = open_workdir(args.workdir, "repro_bench_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []
