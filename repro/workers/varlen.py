@@ -84,13 +84,13 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(b * length, value.shape[1], dim)
     extra: dict[str, Any] = {}
-    if k.shape[1] != heads and "enable_gqa" in params:
-        extra["enable_gqa"] = True
     # Fewer KV heads than query heads go to FlashAttention as they are: its kernels share each KV head among its
     # group of query heads (and sum their gradients). torch versions whose varlen_attn has no enable_gqa pass the
     # tensors straight to the same kernels. Repeating K and V to the query's heads instead cost more than the
     # attention itself at the 0.6B shape (a copy kernel of 27 ms per log-prob pass on an H200, the kernel at 12.6:
     # results/actor_update/README.md, session 17).
+    if k.shape[1] != heads and "enable_gqa" in params:
+        extra["enable_gqa"] = True
     # torch 2.10 names causality is_causal; later versions a (left, right) window
     extra.update({"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True})
     if scaling is not None:
