@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from repro.bench.trace_events import Trace, is_comm
+from repro.bench.trace_events import DEVICE_CATS, is_comm
 
 KINDS = ("gemm", "attention", "triton", "communication", "memcpy/memset", "other")
 # Attention first: FlashAttention's kernel names carry CUTLASS types (``cutlass::bfloat16_t``) in their templates.
@@ -43,7 +43,7 @@ def kind(event: dict[str, Any]) -> str:
 
 def kernel_table(trace: dict[str, Any], top: int = 8) -> str:
     """Markdown: the step's device time by kernel kind, then its ``top`` longest kernels ("" without any)."""
-    device = Trace(trace).device
+    device = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e and e.get("cat") in DEVICE_CATS]
     if not device:
         return ""
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])

@@ -209,17 +209,17 @@ def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
     passes = [("", lambda: worker.update_policy(batch), False)]
     if args.infer:
         passes.append(("_infer", lambda: worker.compute_log_prob(batch, calculate_entropy=True), True))
+    counts = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
+              "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum())}
+    peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
     for suffix, run, forward_only in passes:
         profiler = StepProfiler(Path(args.profile) / (Path(args.result).stem + suffix), rank=0)  # <case>_<round>
         profiler.start(args.warmup + args.steps + 1, models=[worker.engine.module])
         run()
         profiler.stop()
-        meta = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
-                "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum()),
-                "forward_only": forward_only}
+        meta = {**counts, "forward_only": forward_only}
         trace = profiler.stem.with_suffix(".trace.json")
         profile_phases.meta_path(trace).write_text(json.dumps(meta, indent=1) + "\n")
-        peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
         text = profile_phases.report(trace, meta, peak)
         (profiler.out_dir / "phases.md").write_text(f"{args.case}{suffix}, {profiler.stem.name}\n\n{text}")
         print(text, flush=True)

@@ -26,7 +26,7 @@ of one sample's tokens at a time instead of a whole sample, the length at which 
 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
-    python -m repro.bench.workers --cases zero2,zero2_overlap --runners worker,fsdp2 --rounds 2  # ZeRO-2's overlap_comm
+    python -m repro.bench.workers --cases zero2,zero2_overlap --runners worker,fsdp2_each --rounds 2  # ZeRO-2's overlap_comm
 """
 
 from __future__ import annotations
