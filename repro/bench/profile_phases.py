@@ -125,9 +125,9 @@ def shape_config(shape: str | dict[str, Any]) -> Any:
         return SimpleNamespace(**{k: shape.get(k) for k in SHAPE_KEYS})
     if shape.endswith(".json"):
         return shape_config(json.loads(Path(shape).read_text()))
-    from repro.bench.workers import _model_config
+    from repro.bench.shapes import model_config
 
-    return _model_config(shape)
+    return model_config(shape)
 
 
 def shape_dict(config: Any) -> dict[str, Any]:

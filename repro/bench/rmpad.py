@@ -48,8 +48,9 @@ import time
 from pathlib import Path
 
 from repro.bench.host_ops import host_ops
+from repro.bench.shapes import make_model_dir, model_config
 from repro.bench.workdir import open_workdir
-from repro.bench.workers import _model_config, _sync, add_case_process_args, make_model_dir
+from repro.bench.workers import _sync, add_case_process_args
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
@@ -140,7 +141,7 @@ def _child(args: argparse.Namespace) -> None:
     varlen.ENABLED = args.case != "rmpad_sdpa"
     rms_norm.MODE = args.norms
     cfg = _run_config(args.model_dir, args.case, args)
-    batch = make_batch(args, _model_config(args.shape).vocab_size)
+    batch = make_batch(args, model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
     times = _timed(args, lambda: worker.update_policy(batch), reset_peak=True)
     # the old-log-prob pass as verl's trainer runs it (entropy on, no gradient), timed the same way
@@ -151,7 +152,7 @@ def _child(args: argparse.Namespace) -> None:
     step_s = statistics.median(times[args.warmup:])
     on_gpu = not on_cpu()
     lengths = batch["attention_mask"].sum(1).tolist()
-    device, config = device_name(worker.engine.device), _model_config(args.shape)
+    device, config = device_name(worker.engine.device), model_config(args.shape)
     infer_s = statistics.median(infer[args.warmup:]) if infer else None
     row = {
         "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
@@ -197,31 +198,18 @@ def _timed(args: argparse.Namespace, call, reset_peak: bool = False) -> list[flo
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
-    """One more update under the profiler, after the timed ones (the figures stay unprofiled), and with ``--infer``
-    one more log-prob pass (``<case>_<round>_infer``); beside each trace, ``<stem>.shape.json`` (the model shape,
-    the batch's token counts, whether the pass is forward only) and ``phases.md`` (:mod:`repro.bench.profile_phases`:
-    time per phase beside its ideal at the device's peak)."""
-    from repro.bench import profile_phases
-    from repro.rl.mfu import device_name, device_peak_flops
-    from repro.workers.profiling import StepProfiler
+    """One more update under the profiler, after the timed ones, and with ``--infer`` one more log-prob pass
+    (``<case>_<round>_infer``): :func:`repro.bench.profile_pass.profile_pass`."""
+    from repro.bench.profile_pass import batch_counts, profile_pass
 
-    lengths = batch["attention_mask"].sum(1).tolist()
     passes = [("", lambda: worker.update_policy(batch), False)]
     if args.infer:
         passes.append(("_infer", lambda: worker.compute_log_prob(batch, calculate_entropy=True), True))
-    counts = {"shape": profile_phases.shape_dict(_model_config(args.shape)), "tokens": int(sum(lengths)),
-              "sq_tokens": int(sum(n * n for n in lengths)), "lm_tokens": int(batch["response_mask"].sum())}
-    peak = device_peak_flops(device_name(worker.engine.device)) / 1e12
+    counts = batch_counts(model_config(args.shape), batch)
     for suffix, run, forward_only in passes:
-        profiler = StepProfiler(Path(args.profile) / (Path(args.result).stem + suffix), rank=0)  # <case>_<round>
-        profiler.start(args.warmup + args.steps + 1, models=[worker.engine.module])
-        run()
-        profiler.stop()
-        meta = {**counts, "forward_only": forward_only}
-        trace = profiler.stem.with_suffix(".trace.json")
-        profile_phases.meta_path(trace).write_text(json.dumps(meta, indent=1) + "\n")
-        text = profile_phases.report(trace, meta, peak)
-        (profiler.out_dir / "phases.md").write_text(f"{args.case}{suffix}, {profiler.stem.name}\n\n{text}")
+        text = profile_pass(run, Path(args.profile) / (Path(args.result).stem + suffix), f"{args.case}{suffix}",
+                            worker.engine.module, args.warmup + args.steps + 1, worker.engine.device, counts,
+                            forward_only)
         print(text, flush=True)
 
 

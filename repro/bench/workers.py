@@ -27,6 +27,10 @@ of one sample's tokens at a time instead of a whole sample, the length at which 
     python -m repro.bench.workers --shape qwen3-0.6b --nproc 2             # GPU machine
     python -m repro.bench.workers --shape tiny --steps 1 --cases zero2     # CPU smoke run
     python -m repro.bench.workers --cases zero2,zero2_overlap --runners worker,fsdp2_each --rounds 2  # ZeRO-2's overlap_comm
+
+``--profile DIR``: one more update per worker case, rank 0 under torch.profiler (:mod:`repro.bench.profile_pass`):
+``DIR/<case>_worker_r<round>/`` gets the trace and ``phases.md`` (gradient communication and the GPU's idle time
+beside the compute phases: where ZeRO-3's step goes).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ import time
 from pathlib import Path
 
 from repro.bench.fsdp2_loop import fsdp2_steps
-from repro.bench.workdir import open_workdir, save_once
+from repro.bench.shapes import make_model_dir, model_config
+from repro.bench.workdir import open_workdir
 from repro.collectives.launch.launcher import free_port
 from repro.devices import on_cpu
 
@@ -64,36 +69,6 @@ RUNNERS = ("worker", "bare", "fsdp2", "fsdp2_each")
 FSDP2 = ("fsdp2", "fsdp2_each")
 COLUMNS = ("case", "runner", "step_s", "tokens_per_s_per_gpu", "max_allocated_gb", "max_reserved_gb",
            "worker_vs_bare", "vs_fsdp2", "optimizer_on", "params_on", "vs_fsdp2_each")
-
-
-def _model_config(shape: str):
-    from repro.data.tiny_model import PolicyShape, qwen3_0p6b_config, tiny_config
-
-    if shape == "qwen3-0.6b":
-        return qwen3_0p6b_config()
-    if shape == "qwen3-0.6b-narrow":  # same layers, norms, GQA ratio and vocabulary: the same ops, fewer FLOPs
-        config = qwen3_0p6b_config()
-        config.update({"hidden_size": 64, "head_dim": 16, "intermediate_size": 128, "num_attention_heads": 2,
-                       "num_key_value_heads": 1})
-        return config
-    if shape == "tiny":
-        return tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                           shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128,
-                                           max_position_embeddings=2048))
-    raise ValueError(f"--shape={shape!r} is not valid; choose one of ['tiny', 'qwen3-0.6b', 'qwen3-0.6b-narrow']")
-
-
-def make_model_dir(shape: str, out: Path) -> Path:
-    """A randomly initialised model of ``shape`` saved as a Hugging Face folder (once, shared by invocations)."""
-    def write(folder: Path) -> None:
-        import torch
-
-        from repro.data.tiny_model import build_model
-
-        model = build_model(_model_config(shape), seed=0, dtype=torch.bfloat16 if shape != "tiny" else torch.float32)
-        model.save_pretrained(folder, safe_serialization=True)
-
-    return save_once(out, write)
 
 
 def _run_config(model_dir: str, case: str, args: argparse.Namespace, world: int):
@@ -205,7 +180,7 @@ def _child(args: argparse.Namespace) -> None:
     init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = _run_config(args.model_dir, args.case, args, world)
-    batch = _batch(args, _model_config(args.shape).vocab_size, rank)
+    batch = _batch(args, model_config(args.shape).vocab_size, rank)
     engine = None
     if args.runner == "worker":
         from repro.workers.actor import ActorWorker
@@ -213,6 +188,13 @@ def _child(args: argparse.Namespace) -> None:
         worker = ActorWorker(cfg)
         measured = _timed_steps(args, lambda: worker.update_policy(batch))
         engine = worker.engine.engine
+        if args.profile:  # every rank updates once more; rank 0 under the profiler
+            from repro.bench.profile_pass import batch_counts, profile_pass
+
+            print(profile_pass(lambda: worker.update_policy(batch),
+                               Path(args.profile) / Path(args.result).stem if rank == 0 else None,
+                               f"{args.case}/{args.runner}", worker.engine.module, args.warmup + args.steps + 1,
+                               worker.engine.device, batch_counts(model_config(args.shape), batch)), flush=True)
     elif args.runner == "bare":
         measured, engine = _bare_deepspeed(args, cfg, batch["input_ids"])
     else:  # fsdp2 reduces once a step (gradient sync on the last micro-batch), fsdp2_each after every micro-batch
@@ -254,6 +236,8 @@ def _launch(args: argparse.Namespace, case: str, runner: str, model_dir: Path, r
            "--steps", str(args.steps), "--warmup", str(args.warmup)]
     if args.no_gradient_checkpointing:
         cmd.append("--no-gradient-checkpointing")
+    if args.profile and runner == "worker":
+        cmd += ["--profile", args.profile]
     procs = []
     with open(log, "w") as out:
         for rank in range(args.nproc):
@@ -318,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--no-gradient-checkpointing", action="store_true")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per case and runner")
+    parser.add_argument("--profile", default="",
+                        help="folder: one more update per worker case under torch.profiler (rank 0), and its phases.md")
     add_case_process_args(parser)
     parser.add_argument("--runner", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

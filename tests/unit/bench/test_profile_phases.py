@@ -17,8 +17,8 @@ import pytest
 from repro.bench import profile_phases
 from repro.bench.profile_phases import attribute, flops, main, table
 from repro.bench.rmpad import make_batch
+from repro.bench.shapes import model_config
 from repro.bench.trace_events import EVALUATE, Trace
-from repro.bench.workers import _model_config
 from repro.rl.mfu import achieved_flops
 from tests.subprocess_env import pythonpath
 
@@ -182,7 +182,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     # --checkpointing off reached the model the engine trained
     assert result_row["checkpointing"] is False and result_row["optimizer"] == "AdamW", result_row
     # MFU: verl's formula over the batch's real tokens at the median update, against a CPU's 448 GFLOP/s
-    tiny = _model_config("tiny")
+    tiny = model_config("tiny")
     batch_args = SimpleNamespace(micro=4, gas=4, prompt=32, response=32, min_response=4)  # the command's defaults and flags
     lengths = make_batch(batch_args, tiny.vocab_size)["attention_mask"].sum(1).tolist()
     expected = achieved_flops(tiny, lengths, result_row["step_s"]) / 448e9

@@ -21,9 +21,9 @@ def test_sp_the_bench_cannot_run_is_one_line_and_exit_2(argv, part, capsys, tmp_
 
 def test_the_narrow_shape_keeps_what_sets_the_0p6b_host_op_count():
     # --host-ops on a CPU stands in for the 0.6B's count: depth, norms, GQA ratio and vocabulary equal
-    from repro.bench.workers import _model_config
+    from repro.bench.shapes import model_config
 
-    full, narrow = _model_config("qwen3-0.6b"), _model_config("qwen3-0.6b-narrow")
+    full, narrow = model_config("qwen3-0.6b"), model_config("qwen3-0.6b-narrow")
     keep = ("num_hidden_layers", "vocab_size", "tie_word_embeddings", "rms_norm_eps", "max_position_embeddings")
     assert {k: getattr(narrow, k) for k in keep} == {k: getattr(full, k) for k in keep}
     assert (narrow.num_attention_heads // narrow.num_key_value_heads
