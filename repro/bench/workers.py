@@ -3,9 +3,10 @@
 For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU optimizer and parameter offload;
 ZeRO-3 with the decoder layers as leaf modules, the workers' default, and ``zero3_noleaf`` with stock per-submodule
 hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with DeepSpeed's constant bucket/prefetch/persistence sizes
-instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``) the runners train the
-same randomly initialised model on the same batch, each in its own set of rank processes (peak memory would leak
-from one case into the next in a shared process):
+instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``;
+``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket) the runners train the same randomly initialised model
+on the same batch, each in its own set of rank processes (peak memory would leak from one case into the next in a
+shared process):
 
 - ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
   samples per rank, so one optimizer step per call);
@@ -57,6 +58,9 @@ CASES = {
     "zero3": {"zero_stage": 3, **_ON_DEVICE},
     "zero3_noleaf": {"zero_stage": 3, **_ON_DEVICE, "zero3_leaf_modules": False},
     "zero3_dsdefaults": {"zero_stage": 3, **_ON_DEVICE, "zero3_size_aware": False},
+    # ZeRO-3's gradient bucket at 5e7 elements instead of 5e8 (the 0.6B shape's 596M gradients fill 5e8 once, late
+    # in the backward: its reduce-scatter barely overlaps the compute), so the reduce-scatters run during the backward:
+    "zero3_bucket_5e7": {"zero_stage": 3, **_ON_DEVICE, "reduce_bucket_size": 50_000_000},
     # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
     "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
     "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
