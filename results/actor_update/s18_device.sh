@@ -16,4 +16,4 @@ python3 -m repro.bench.workers --shape qwen3-0.6b --nproc 2 --rounds 1 --steps 5
 echo "workers rc=$?"; grep '^# round' "$O/workers.log"; cat "$O/workers.tsv" 2>/dev/null || tail -20 "$O/workers.log"
 for f in "$W"/run_*/*_worker_r0.log; do echo "$(basename "$f"): $(grep -m2 '^# \(overlap_comm\|zero3 sizes\)' "$f" | tr '\n' ' ')"; done
 for f in "$O"/profile/*/phases.md; do echo "== $f"; head -22 "$f"; done
-rm -f "$O"/profile/*/*.trace.json.gz; gzip -q "$O"/profile/*/*.trace.json
+# (the traces stay on the machine: poll brings back everything else)
