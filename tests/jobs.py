@@ -14,8 +14,9 @@ pre-flight, exit codes and one-line errors, signals, resume) or :data:`RUNNER`
 (:func:`runner_command`: the CLI's ``load_config`` + ``repro.trainer.run`` alone, for what the run
 produces; an exception is a traceback and exit 1). Its
 environment comes from :func:`job_env`, it runs through :func:`run` (or :func:`start` for a job the
-test watches or interrupts), and its run folder is read with :func:`metrics`, :func:`summary` and
-checked with :func:`check_outputs`. Rank-level tests (a function on N ranks, no job) use
+test watches or interrupts), and its run folder is read with :func:`metrics`, :func:`summary`,
+:func:`run_config` and checked with :func:`check_outputs`; a GPU case's memory budget with vLLM is
+:func:`with_vllm_engine`. Rank-level tests (a function on N ranks, no job) use
 ``tests/multirank.py`` instead. Test modules never import each other
 (``tests/unit/test_test_layout.py``): what they share lives here.
 """
@@ -299,6 +300,25 @@ def metrics(run_dir: Path) -> list[dict]:
 def summary(run_dir: Path) -> dict:
     """The run's ``summary.tsv`` (numbers as floats)."""
     return read_summary(run_dir / "summary.tsv")
+
+
+def run_config(run_dir: Path) -> dict:
+    """The run's whole resolved config as it wrote it (``config.yaml``; ``run.json`` keeps only the keys a resume
+    must match, no rollout settings)."""
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())
+
+
+def with_vllm_engine(trainer_budget: dict, util: float, gpu_bytes: int) -> dict:
+    """A GPU case's memory budget: the trainer's share (``fixtures/gpu_budgets.json``) plus 1.10 x vLLM's engine.
+    vLLM sizes its pool from ``util`` x the GPU's memory, and the pool shows in torch's reserved figure (its
+    allocator is torch's) and in NVML while awake; 1.10x the allowance as for the trainer's share: the allowance
+    alone was exceeded by 0.75 GB on the tiny vLLM case's first run (2026-11-23), vLLM's buffers outside its
+    KV-cache sizing. A fixed figure holds on one GPU model only: the 0.6B case reserved 24.73 GB on 2 H100s (80 GB)
+    and 36.62 GB on 2 H200s (141 GB), the trainer's share the same (``results/seed_scale/README.md``, section 7)."""
+    engine_gb = util * gpu_bytes / 2**30
+    return {k: round(v + 1.10 * engine_gb, 2) for k, v in trainer_budget.items()}
 
 
 def check_outputs(run_dir: Path, steps: int, required: tuple[str, ...]) -> list[dict]:

@@ -78,16 +78,10 @@ def _memory_checks(gate: Gate, summary: dict, budget: dict) -> None:
 
 
 def _with_engine(budget: dict, util: float) -> dict:
-    """The trainer's budget plus vLLM's engine: vLLM sizes its pool from ``util`` x this GPU's memory, and its
-    memory shows in torch's reserved figure (its allocator pool is torch's) and in NVML while it is awake; 1.10x
-    the allowance, as the trainer's share: the allowance alone was exceeded by 0.75 GB on the tiny case's first run
-    (2026-11-23), vLLM's buffers outside its KV-cache sizing. A fixed figure would hold on one GPU model only: the
-    0.6B case reserved 24.73 GB on 2 H100s (80 GB) and 36.62 GB on 2 H200s (141 GB), the trainer's share the same
-    (results/seed_scale/README.md, section 7)."""
+    """``budget`` (the trainer's share) plus vLLM's engine on this GPU (:func:`tests.jobs.with_vllm_engine`)."""
     import torch
 
-    engine_gb = util * torch.cuda.get_device_properties(0).total_memory / 2**30
-    return {k: round(v + 1.10 * engine_gb, 2) for k, v in budget.items()}
+    return jobs.with_vllm_engine(budget, util, torch.cuda.get_device_properties(0).total_memory)
 
 
 def _rollout_built(gate: Gate, out: Path, want: str) -> None:
@@ -245,7 +239,7 @@ def test_grpo_0p6b_policy_learns_on_held_out_problems_with_vllm(tmp_path):
                max((v for v in k3 if isinstance(v, float)), default=None), ROLLOUT_K3_BOUND)
     _finite_checks(gate, rows)
     # the trainer's share from fixtures/gpu_budgets.json, vLLM's from the fraction the run really used
-    util = json.loads((gate.out / "run.json").read_text())["config"]["actor_rollout_ref.rollout.gpu_memory_utilization"]
+    util = jobs.run_config(gate.out)["actor_rollout_ref"]["rollout"]["gpu_memory_utilization"]
     _memory_checks(gate, summary, _with_engine(BUDGETS[case], util))
     if seed == 1:  # the golden is seed 1's: every step's exact metrics and the step-time bound
         golden = jobs.run([sys.executable, "scripts/goldens.py", "--check", "--case", "grpo_0p6b", "--run-dir",
