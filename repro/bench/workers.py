@@ -4,9 +4,9 @@ For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU
 ZeRO-3 with the decoder layers as leaf modules, the workers' default, and ``zero3_noleaf`` with stock per-submodule
 hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with DeepSpeed's constant bucket/prefetch/persistence sizes
 instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``;
-``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket) the runners train the same randomly initialised model
-on the same batch, each in its own set of rank processes (peak memory would leak from one case into the next in a
-shared process):
+``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket, ``zero3_torch_linear`` with torch's linear) the runners
+train the same randomly initialised model on the same batch, each in its own set of rank processes (peak memory would
+leak from one case into the next in a shared process):
 
 - ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
   samples per rank, so one optimizer step per call);
@@ -61,6 +61,8 @@ CASES = {
     # ZeRO-3's gradient bucket at 5e7 elements instead of 5e8 (the 0.6B shape's 596M gradients fill 5e8 once, late
     # in the backward: its reduce-scatter barely overlaps the compute), so the reduce-scatters run during the backward:
     "zero3_bucket_5e7": {"zero_stage": 3, **_ON_DEVICE, "reduce_bucket_size": 50_000_000},
+    # ZeRO-3 with torch's linear instead of DeepSpeed's autograd function per call (memory_efficient_linear):
+    "zero3_torch_linear": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False},
     # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
     "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
     "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
@@ -206,7 +208,10 @@ def _child(args: argparse.Namespace) -> None:
     step_s = statistics.median(measured)
     zero3 = getattr(engine, "optimizer", None)
     if rank == 0 and engine is not None:  # what DeepSpeed really took, into the case's log
-        print(f"# overlap_comm={engine.zero_overlap_comm()} reduce_bucket_size={engine.zero_reduce_bucket_size()}", flush=True)
+        from repro.workers.zero3_linear import linear_in_use
+
+        print(f"# overlap_comm={engine.zero_overlap_comm()} reduce_bucket_size={engine.zero_reduce_bucket_size()} "
+              f"linear={linear_in_use()}", flush=True)
     if rank == 0 and hasattr(zero3, "prefetch_elements"):
         print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
               f"persistence={zero3.parameter_offload.param_numel_persistence_threshold}", flush=True)

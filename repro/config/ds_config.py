@@ -173,6 +173,8 @@ def build_ds_config(
         zero["allgather_bucket_size"] = int(ds.allgather_bucket_size)
     if ds.overlap_comm is not None:
         zero["overlap_comm"] = bool(ds.overlap_comm)
+    if ds.memory_efficient_linear is not None:
+        zero["memory_efficient_linear"] = bool(ds.memory_efficient_linear)
     pin = bool(on_cuda)
     if trainable and offload.optimizer != "none":
         section: dict[str, Any] = {"device": offload.optimizer, "pin_memory": pin}

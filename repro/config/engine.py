@@ -102,6 +102,10 @@ class DeepSpeedConfig:
     overlap_comm: bool | None = None
     """Reduce gradient buckets on DeepSpeed's side stream while the backward goes on; None: DeepSpeed's
     default (off at ZeRO-1/2, on at ZeRO-3). At ZeRO-2 a bucket reduces only once full (``reduce_bucket_size``)."""
+    memory_efficient_linear: bool | None = None
+    """ZeRO-3: DeepSpeed replaces ``torch.nn.functional.linear`` process-wide with its autograd function that
+    keeps no gathered weight for the backward; None: DeepSpeed's default (on). False keeps torch's linear (and
+    undoes the replacement): less host work per layer, the gathered weight saved by a forward with gradients."""
     torch_adam: bool | None = None
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
     zero3_leaf_modules: bool = True
@@ -117,6 +121,8 @@ class DeepSpeedConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 _fail(self, name, f"must be an integer >= {low} (or null: size-aware)")
+        if self.memory_efficient_linear is not None and self.zero_stage != 3:
+            _fail(self, "memory_efficient_linear", f"is a ZeRO-3 key; zero_stage is {self.zero_stage} (leave it null)")
 
 
 CHECKPOINT_REQUIRED = ("model", "optimizer", "extra")

@@ -8,6 +8,8 @@ instead (issue 36, item 5; ``results/engaged_features.md`` lists each claim and 
 break that turns it red). Each entry is read from the object that does the work:
 
 - ``overlap_comm``: whether DeepSpeed reduces gradients on its side stream (its default or the key);
+  ``linear``: ``deepspeed`` while ZeRO-3's replacement of ``torch.nn.functional.linear`` is in place, else
+  ``torch`` (:mod:`repro.workers.zero3_linear`);
 - ``stage``, ``optimizer``, ``param``: the ZeRO stage DeepSpeed built and where its optimizer
   states and parameter partitions are (:mod:`repro.workers.placement`);
 - ``zero3_leaves``: one class name per module that DeepSpeed registered as a ZeRO-3 leaf (its
@@ -38,6 +40,7 @@ import torch
 from repro.workers import rms_norm
 from repro.workers.layer_compile import compiled_layers
 from repro.workers.placement import optimizer_placement, param_placement
+from repro.workers.zero3_linear import linear_in_use
 
 
 @dataclass
@@ -103,6 +106,7 @@ def engine_report(role: Any) -> dict[str, Any]:
     return {
         "stage": int(engine.zero_optimization_stage()) if engine is not None else None,
         "overlap_comm": bool(engine.zero_overlap_comm()) if engine is not None else None,
+        "linear": linear_in_use(),
         "optimizer": optimizer_placement(engine) if engine is not None else "none",
         "param": param_placement(engine) if engine is not None else "device",
         "zero3_leaves": leaves,

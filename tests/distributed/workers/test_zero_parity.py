@@ -44,11 +44,15 @@ TERMS = toy_chain(SEQ) + MINI_TOKENS
 
 def _cases(stage: int) -> list[dict]:
     offloads = [("none", False), ("cpu", False)] + ([("cpu", True)] if stage == 3 else [])
-    return [
+    cases = [
         {"role": role, "stage": stage, "offload": off, "param_offload": po}
         for off, po in offloads
         for role in ("actor", "critic")
     ]
+    # ZeRO-3 with torch's linear (memory_efficient_linear=false), last: the engines before it replaced
+    # torch.nn.functional.linear in this process, so the case also proves the replacement undone.
+    return cases + ([{"role": "actor", "stage": 3, "offload": "none", "param_offload": False, "linear": "torch"}]
+                    if stage == 3 else [])
 
 
 def _cfg(model_dir: str, case: dict, world: int):
@@ -56,6 +60,8 @@ def _cfg(model_dir: str, case: dict, world: int):
                    param_offload=case["param_offload"], micro=1, use_kl_loss=True, entropy_coeff=0.01)
     for section in (cfg.actor_rollout_ref.actor, cfg.critic):
         section.optim.eps = PARITY_ADAM_EPS_PER_LR * section.optim.lr
+    if case.get("linear") == "torch":
+        cfg.actor_rollout_ref.actor.deepspeed.memory_efficient_linear = False
     return cfg
 
 
@@ -100,6 +106,8 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
             placed = ("cpu_offload" if case["offload"] == "cpu" else "device",
                       "cpu_offload" if case["param_offload"] else "device")
             assert (engaged["optimizer"], engaged["param"]) == placed, (case, engaged)
+            if case["stage"] == 3:  # below ZeRO-3 the process's earlier engines decide it
+                assert engaged["linear"] == case.get("linear", "deepspeed"), (case, engaged)
         # Every rank holds the same full weights after gathering.
         assert max_abs_diff(ranks[0]["final"], ranks[1]["final"]) == 0.0, case
         ref = Reference(cfg, case["role"])

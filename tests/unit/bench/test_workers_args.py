@@ -48,5 +48,6 @@ def test_every_case_builds_the_deepspeed_json_it_names(case):
     want = workers.CASES[case]
     assert zero["stage"] == want["zero_stage"]
     assert zero.get("overlap_comm") == want.get("overlap_comm")
+    assert zero.get("memory_efficient_linear") == want.get("memory_efficient_linear")
     if "reduce_bucket_size" in want:
         assert zero["reduce_bucket_size"] == want["reduce_bucket_size"]

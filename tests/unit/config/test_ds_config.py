@@ -198,3 +198,15 @@ def test_overlap_comm_is_deepspeeds_default_unless_set(stage):
         cfg = build_ds_config(DeepSpeedConfig(zero_stage=stage, overlap_comm=value), OptimConfig(), plan,
                               grad_clip=1.0, on_cuda=True)
         assert cfg["zero_optimization"]["overlap_comm"] is value
+
+
+def test_memory_efficient_linear_is_a_zero3_key_and_deepspeeds_default_unless_set():
+    # Unset, the key stays out (DeepSpeed: on); set at ZeRO-3 it reaches DeepSpeed; below ZeRO-3 it is an error
+    # that names the key (DeepSpeed would ignore it there, silently).
+    unset = build_ds_config(DeepSpeedConfig(zero_stage=3), OptimConfig(), BENCH_PLAN, grad_clip=1.0, on_cuda=True)
+    assert "memory_efficient_linear" not in unset["zero_optimization"]
+    off = build_ds_config(DeepSpeedConfig(zero_stage=3, memory_efficient_linear=False), OptimConfig(), BENCH_PLAN,
+                          grad_clip=1.0, on_cuda=True)
+    assert off["zero_optimization"]["memory_efficient_linear"] is False
+    with pytest.raises(ValueError, match="memory_efficient_linear.*ZeRO-3 key; zero_stage is 2"):
+        DeepSpeedConfig(zero_stage=2, memory_efficient_linear=False)
