@@ -4,9 +4,10 @@ For every case (ZeRO-1/2/3, ZeRO-1/2 with CPU optimizer offload, ZeRO-3 with CPU
 ZeRO-3 with the decoder layers as leaf modules, the workers' default, and ``zero3_noleaf`` with stock per-submodule
 hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with DeepSpeed's constant bucket/prefetch/persistence sizes
 instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``;
-``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket, ``zero3_torch_linear`` with torch's linear) the runners
-train the same randomly initialised model on the same batch, each in its own set of rank processes (peak memory would
-leak from one case into the next in a shared process):
+``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket, ``zero3_torch_linear`` with torch's linear,
+``zero3_persist_1e7`` also with the layers' weights whole) the runners train the same randomly initialised model on
+the same batch, each in its own set of rank processes (peak memory would leak from one case into the next in a shared
+process):
 
 - ``worker``: ``ActorWorker.update_policy`` (PPO loss, one mini-batch of ``micro * gas``
   samples per rank, so one optimizer step per call);
@@ -63,6 +64,10 @@ CASES = {
     "zero3_bucket_5e7": {"zero_stage": 3, **_ON_DEVICE, "reduce_bucket_size": 50_000_000},
     # ZeRO-3 with torch's linear instead of DeepSpeed's autograd function per call (memory_efficient_linear):
     "zero3_torch_linear": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False},
+    # ... and every parameter below 1e7 elements whole on each rank (all of the 0.6B shape's layer weights, 3.1M at
+    # most; the 156M embedding stays sharded): ZeRO-3's per-layer gathers gone, its hooks kept, ~0.9 GB more a rank:
+    "zero3_persist_1e7": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False,
+                          "stage3_param_persistence_threshold": 10_000_000},
     # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
     "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
     "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
