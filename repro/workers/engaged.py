@@ -16,6 +16,8 @@ break that turns it red). Each entry is read from the object that does the work:
   parameters carry DeepSpeed's ``ds_z3_leaf_module`` back-reference, set only when the mark was
   there at ``deepspeed.initialize``); ``zero3_hooked_in_leaves``: submodules of those leaves that
   still got DeepSpeed's own fetch hooks (``ds_id``; 0 when the leaf is honoured);
+  ``zero3_persistent_params``: parameters ZeRO-3 keeps whole on every rank (DeepSpeed's ``ds_persist``, set
+  from ``stage3_param_persistence_threshold`` at initialize; 0 below ZeRO-3);
 - ``lora_layers``: peft LoRA layers holding an adapter; ``optimizer_params`` /
   ``optimizer_base_params``: parameters the DeepSpeed optimizer updates, and how many of them are
   not adapters (0 when the base is frozen); ``trainable_base_params``: base parameters with
@@ -111,6 +113,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "param": param_placement(engine) if engine is not None else "device",
         "zero3_leaves": leaves,
         "zero3_hooked_in_leaves": hooked,
+        "zero3_persistent_params": sum(1 for p in module.parameters() if getattr(p, "ds_persist", False)),
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),

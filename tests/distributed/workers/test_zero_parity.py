@@ -40,6 +40,8 @@ MINI_TOKENS = 4 * SEQ  # a global mini-batch: 2 samples per rank on 2 ranks
 # A loss, or a gradient element, sums the chain of the toy model and the mini-batch's tokens;
 # the grad norm then sums the squares of every gradient element (the parameter count).
 TERMS = toy_chain(SEQ) + MINI_TOKENS
+# The toy model's attention projections hold 512-1,024 elements, its MLP matrices and embedding 2,048.
+PERSIST = 1024
 
 
 def _cases(stage: int) -> list[dict]:
@@ -49,10 +51,13 @@ def _cases(stage: int) -> list[dict]:
         for off, po in offloads
         for role in ("actor", "critic")
     ]
-    # ZeRO-3 with torch's linear (memory_efficient_linear=false), last: the engines before it replaced
-    # torch.nn.functional.linear in this process, so the case also proves the replacement undone.
-    return cases + ([{"role": "actor", "stage": 3, "offload": "none", "param_offload": False, "linear": "torch"}]
-                    if stage == 3 else [])
+    # ZeRO-3 with torch's linear (memory_efficient_linear=false), after engines that replaced
+    # torch.nn.functional.linear in this process, so the case also proves the replacement undone; then
+    # with it the layers' small weights whole on every rank (the fastest ZeRO-3 of the worker benchmark,
+    # results/actor_update/README.md session 19): persistence PERSIST keeps the attention projections and
+    # norms whole and leaves the MLP and the (tied) embedding sharded, so both kinds update in one step.
+    torch_linear = {"role": "actor", "stage": 3, "offload": "none", "param_offload": False, "linear": "torch"}
+    return cases + ([torch_linear, {**torch_linear, "persistence": PERSIST}] if stage == 3 else [])
 
 
 def _cfg(model_dir: str, case: dict, world: int):
@@ -62,6 +67,8 @@ def _cfg(model_dir: str, case: dict, world: int):
         section.optim.eps = PARITY_ADAM_EPS_PER_LR * section.optim.lr
     if case.get("linear") == "torch":
         cfg.actor_rollout_ref.actor.deepspeed.memory_efficient_linear = False
+    if "persistence" in case:
+        cfg.actor_rollout_ref.actor.deepspeed.stage3_param_persistence_threshold = case["persistence"]
     return cfg
 
 
@@ -75,7 +82,8 @@ def _train_cases(rank: int, world: int, model_dir: str, cases: list[dict]) -> li
     for case in cases:
         t0 = time.perf_counter()
         cfg = _cfg(model_dir, case, world)
-        overrides = ZERO3_PARTITION_ALL if case["stage"] == 3 else None
+        # Every other ZeRO-3 case partitions every parameter, however small (the toy model's are all small).
+        overrides = ZERO3_PARTITION_ALL if case["stage"] == 3 and "persistence" not in case else None
         worker = ActorWorker(cfg, ds_overrides=overrides) if case["role"] == "actor" else CriticWorker(
             cfg, ds_overrides=overrides)
         init = params_of(worker)
@@ -90,6 +98,10 @@ def _train_cases(rank: int, world: int, model_dir: str, cases: list[dict]) -> li
 
 
 def _check_against_reference(model_dir: str, cases: list[dict], results: list[list[dict]], world: int) -> None:
+    # The parameters a persistence threshold keeps whole, counted on the plain model (DeepSpeed: numel <= it).
+    init = results[0][0]["init"]
+    persistent = {PERSIST: sum(1 for t in init.values() if t.numel() <= PERSIST)}
+    assert 0 < persistent[PERSIST] < len(init), persistent
     for i, case in enumerate(cases):
         cfg = _cfg(model_dir, case, world)
         ranks = [r[i] for r in results]
@@ -108,6 +120,7 @@ def _check_against_reference(model_dir: str, cases: list[dict], results: list[li
             assert (engaged["optimizer"], engaged["param"]) == placed, (case, engaged)
             if case["stage"] == 3:  # below ZeRO-3 the process's earlier engines decide it
                 assert engaged["linear"] == case.get("linear", "deepspeed"), (case, engaged)
+            assert engaged["zero3_persistent_params"] == persistent.get(case.get("persistence"), 0), (case, engaged)
         # Every rank holds the same full weights after gathering.
         assert max_abs_diff(ranks[0]["final"], ranks[1]["final"]) == 0.0, case
         ref = Reference(cfg, case["role"])
