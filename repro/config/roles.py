@@ -8,6 +8,7 @@ from typing import Any
 from repro.config.engine import CheckpointConfig, DeepSpeedConfig, OptimConfig
 from repro.config.fields import (
     COMPILE_LAYERS,
+    GRADIENT_CHECKPOINTING,
     KL_LOSS_TYPES,
     POLICY_LOSS_MODES,
     ROLLOUT_NAMES,
@@ -24,8 +25,10 @@ class ModelConfig:
     """Hugging Face model directory, or ``tiny`` for the built-in tiny Qwen3 arithmetic policy."""
     tokenizer_path: str | None = None
     """Tokenizer directory; defaults to ``path``."""
-    enable_gradient_checkpointing: bool = False
-    """Activation checkpointing in the transformer blocks."""
+    enable_gradient_checkpointing: bool | str = False
+    """Activation checkpointing in the transformer blocks: ``true``, ``false``, or ``auto``: on only where the largest
+    micro-batch's activations would not fit in the device's free memory, measured at the role's first update
+    (:mod:`repro.workers.activation_checkpointing`; the engine report's ``gradient_checkpointing`` says which)."""
     compile_layers: str = "off"
     """``off``, or the ``torch.compile`` backend of every decoder layer (``inductor``; ``aot_eager``: traced, run by
     torch's kernels, bitwise the eager arithmetic). ZeRO-1/2 only. On one H100 at the 0.6B shape without checkpointing
@@ -50,6 +53,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _choice(self, "compile_layers", COMPILE_LAYERS)
+        _choice(self, "enable_gradient_checkpointing", GRADIENT_CHECKPOINTING)
         if self.lora_rank < 0:
             _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")
         if self.lora_rank and self.lora_alpha <= 0:

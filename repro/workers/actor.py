@@ -24,7 +24,7 @@ from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import check_inactive_skip, plan_role_batch
 from repro.rl.algorithms import agg_loss, kl_penalty
 from repro.rl.policy_losses import compute_policy_loss_by_mode
-from repro.workers import checkpoint, layer_compile, lora, ulysses, varlen
+from repro.workers import activation_checkpointing, checkpoint, layer_compile, lora, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.logprob import token_log_probs
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
@@ -81,6 +81,9 @@ class ActorWorker:
             ds_overrides=ds_overrides, mpu=mpu,
         )
         layer_compile.from_config(self.engine.module, arr.model.compile_layers, self.ds.zero_stage)
+        if role == "actor" and arr.model.enable_gradient_checkpointing == "auto":
+            self.engine.auto_checkpointing_tokens = activation_checkpointing.largest_micro_tokens(
+                self.plan, cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.updates = 0
         """Update calls so far (seeds the between-epoch shuffle; saved in checkpoints)."""
 

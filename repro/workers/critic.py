@@ -18,7 +18,7 @@ from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import plan_role_batch
 from repro.rl.algorithms import compute_value_loss, masked_mean
-from repro.workers import checkpoint, layer_compile, ulysses
+from repro.workers import activation_checkpointing, checkpoint, layer_compile, ulysses
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
 from repro.workers.packing import pack
@@ -43,6 +43,9 @@ class CriticWorker:
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
                                  grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides, mpu=mpu)
         layer_compile.from_config(self.engine.module, model_cfg.compile_layers, self.ds.zero_stage)
+        if model_cfg.enable_gradient_checkpointing == "auto":
+            self.engine.auto_checkpointing_tokens = activation_checkpointing.largest_micro_tokens(
+                self.plan, cfg.data.max_prompt_length + cfg.data.max_response_length)
         self.updates = 0
 
     def _values(self, mb: Batch, capacity: int | None = None) -> torch.Tensor:

@@ -26,6 +26,9 @@ break that turns it red). Each entry is read from the object that does the work:
   ``attention``: the attention implementation the model runs (Ulysses' ``repro_ulysses_<role>``);
   ``fused_rms_norms``: norms running torch's fused kernel (:mod:`repro.workers.rms_norm`; 0 on CPU);
   ``compiled_layers``: modules whose calls run under ``torch.compile`` (``model.compile_layers``);
+  ``gradient_checkpointing``: whether the model's layers checkpoint (the flag Hugging Face sets on each), and
+  ``checkpointing_auto`` what ``enable_gradient_checkpointing=auto`` measured and chose (None before the first
+  update or without ``auto``: :mod:`repro.workers.activation_checkpointing`);
 - ``fed``: what :meth:`RoleEngine.forward` handed the model since the last :meth:`FedInputs.reset`
   (forwards, rows, tokens, the widths, and how many came with an attention mask): the packed rows
   of remove-padding carry no mask, fewer tokens than the padded batch and, where samples fit
@@ -39,7 +42,7 @@ from typing import Any
 
 import torch
 
-from repro.workers import rms_norm
+from repro.workers import activation_checkpointing, rms_norm
 from repro.workers.layer_compile import compiled_layers
 from repro.workers.placement import optimizer_placement, param_placement
 from repro.workers.zero3_linear import linear_in_use
@@ -122,6 +125,8 @@ def engine_report(role: Any) -> dict[str, Any]:
         "attention": getattr(config, "_attn_implementation", None),
         "fused_rms_norms": rms_norm.fused_count(module),
         "compiled_layers": compiled_layers(module),
+        "gradient_checkpointing": activation_checkpointing.in_use(module),
+        "checkpointing_auto": asdict(role.checkpointing) if role.checkpointing is not None else None,
         "fed": asdict(role.fed),
     }
 

@@ -94,7 +94,7 @@ def load_hf_model(model_cfg: ModelConfig, dtype: torch.dtype, *, value_head: boo
     else:
         auto = AutoModelForCausalLM
     model = auto.from_pretrained(path, config=config, dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.enable_gradient_checkpointing:
+    if model_cfg.enable_gradient_checkpointing is True:  # "auto": the first update decides (RoleEngine)
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     if rms_norm.supported(dtype):
@@ -192,6 +192,10 @@ class RoleEngine:
         self.device = default_device()
         self.loaded_step: int | None = None
         """Step of the checkpoint this process loaded (never pruned by a later save)."""
+        self.auto_checkpointing_tokens: int | None = None
+        """Set by the worker for ``enable_gradient_checkpointing=auto``: tokens of a rank's largest micro-batch; the
+        first update decides (:mod:`repro.workers.activation_checkpointing`) and leaves the outcome in ``checkpointing``."""
+        self.checkpointing: Any = None
         self.before_step: Callable[[RoleEngine], None] | None = None
         """Called after the last backward of a mini-batch, before its optimizer step (inspection)."""
         self.engine: Any = None
@@ -279,6 +283,7 @@ class RoleEngine:
         is rank-local, so in data parallel it desynchronises the ranks' collectives.
         """
         assert self.trainable, "train_mini_batch on a frozen role"
+        self._auto_checkpointing()  # before the early return below: every rank takes part in the decision
         run = [i for i in range(len(micro_batches)) if not (inactive and inactive[i])]
         lr = self.current_lr()
         if not run:
@@ -297,10 +302,29 @@ class RoleEngine:
     # ---- the parts of one update (train_mini_batch, and verl's engine API: repro.integrations.verl) ----
     def begin_update(self) -> None:
         """Start a mini-batch update: train mode, and the skip counter its outcome is read against."""
+        self._auto_checkpointing()
         self.module.train()
         self._skipped_before = self.engine.skipped_steps
         if self._fault is not None:  # the armed update's first mini-batch; none after it
             self._fault = (self._fault[0], "mini") if self._fault[1] == "armed" else None
+
+    def _auto_checkpointing(self) -> None:
+        """``auto``: measure, agree over the ranks and turn checkpointing on where needed, once."""
+        if self.auto_checkpointing_tokens is None or self.checkpointing is not None:
+            return
+        from repro.workers import activation_checkpointing as checkpointing
+
+        runner = self.engine if self.engine is not None else self.module
+
+        def probe(n: int) -> Any:  # not through forward(): the probe is no input the report's `fed` should count
+            ids = torch.arange(n, device=self.device).unsqueeze(0)
+            return runner(input_ids=ids % self.module.get_input_embeddings().num_embeddings, position_ids=ids)
+
+        self.checkpointing = checkpointing.decide(probe, self.module, self.device, self.auto_checkpointing_tokens)
+        if self.checkpointing.on:
+            checkpointing.enable(self.module)
+        if self._rank() == 0:
+            print(self.checkpointing.line(), flush=True)
 
     def start_micro(self, *, last: bool) -> None:
         """Before a micro-batch's forward: whether its backward ends the accumulation."""

@@ -36,6 +36,14 @@ LOSS_TYPE = {"token-mean": "dapo"}
 """verl's ``loss_agg_mode`` -> TRL's ``loss_type`` (DAPO's loss is the token mean over the mini-batch)."""
 
 
+def _checkpointing(value: bool | str) -> bool:
+    # TRL takes a bool: an "auto" run of repro's would be compared with a fixed choice of TRL's.
+    if value == "auto":
+        raise ValueError("actor_rollout_ref.model.enable_gradient_checkpointing=auto has no TRL equivalent; "
+                         "choose true or false for a peer run")
+    return bool(value)
+
+
 def grpo_kwargs(cfg, gpus: int, micro: int, vllm_sleep: bool, steps: int) -> dict:
     """``GRPOConfig`` keywords read off repro's config ``cfg`` of a peer recipe: the same batch, lengths,
     sampling, optimizer, loss, vLLM share and precision in TRL's keys, ``micro`` samples per micro-batch
@@ -64,7 +72,7 @@ def grpo_kwargs(cfg, gpus: int, micro: int, vllm_sleep: bool, steps: int) -> dic
         vllm_importance_sampling_correction=False,
         use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=rollout.gpu_memory_utilization,
         vllm_max_model_length=rollout.max_model_len, vllm_enable_sleep_mode=vllm_sleep,
-        bf16=True, gradient_checkpointing=cfg.actor_rollout_ref.model.enable_gradient_checkpointing,
+        bf16=True, gradient_checkpointing=_checkpointing(cfg.actor_rollout_ref.model.enable_gradient_checkpointing),
         max_steps=steps * rollout_optimizer_steps(cfg), logging_steps=1, report_to="none", save_strategy="no",
         seed=cfg.trainer.seed, data_seed=cfg.data.seed, disable_dropout=True,
         deepspeed={"zero_optimization": {"stage": actor.deepspeed.zero_stage}, "bf16": {"enabled": "auto"},
