@@ -13,7 +13,9 @@ session 16). It pays only where the activations would not fit. ``auto`` decides 
 - **free**: what the device can still give (CUDA: the driver's free memory plus the allocator's cached free blocks;
   CPU: the host's available memory).
 
-Checkpointing goes on when ``per token x tokens x`` :data:`HEADROOM` exceeds the free memory. Every rank takes the
+Checkpointing goes on when ``per token x tokens x`` :data:`HEADROOM`, plus one full-size gradient of the trainable
+parameters (what the first backward holds before ZeRO reduces it; DeepSpeed allocates its buffers there), exceeds the
+free memory. Every rank takes the
 same decision: the bytes per token and the tokens are the largest, the free memory the smallest over the ranks (one
 all-reduce), because a rank that checkpoints and one that does not run different backward passes, and under ZeRO-3
 different collectives.
@@ -49,12 +51,14 @@ class Decision:
     """Tokens of the largest micro-batch a rank can get (the largest over the ranks)."""
     free_bytes: int
     """The smallest over the ranks."""
+    grad_bytes: int
+    """One gradient of the trainable parameters, at their dtype."""
 
     def line(self) -> str:
         need = self.bytes_per_token * self.tokens * HEADROOM / 2**30
         return (f"activation checkpointing auto: {'on' if self.on else 'off'} (saved activations "
                 f"{self.bytes_per_token / 2**10:.1f} KiB/token x {self.tokens} tokens x {HEADROOM} = {need:.2f} GiB, "
-                f"free {self.free_bytes / 2**30:.2f} GiB)")
+                f"gradients {self.grad_bytes / 2**30:.2f} GiB, free {self.free_bytes / 2**30:.2f} GiB)")
 
 
 def largest_micro_tokens(plan: Any, seq_len: int) -> int:
@@ -63,9 +67,9 @@ def largest_micro_tokens(plan: Any, seq_len: int) -> int:
     return plan.max_token_len // plan.sp if plan.dynamic else plan.micro * seq_len // plan.sp
 
 
-def needs_checkpointing(bytes_per_token: float, tokens: int, free_bytes: int) -> bool:
-    """The rule: the largest micro-batch's saved activations, with :data:`HEADROOM`, do not fit in the free memory."""
-    return bytes_per_token * tokens * HEADROOM > free_bytes
+def needs_checkpointing(bytes_per_token: float, tokens: int, grad_bytes: int, free_bytes: int) -> bool:
+    """The rule: the largest micro-batch's saved activations, with :data:`HEADROOM`, and a gradient do not fit."""
+    return bytes_per_token * tokens * HEADROOM + grad_bytes > free_bytes
 
 
 def saved_bytes_per_token(forward: Any, tokens: int, module: torch.nn.Module) -> float:
@@ -118,7 +122,9 @@ def decide(forward_tokens: Any, module: torch.nn.Module, device: torch.device, t
                               device=device if dist.get_backend() == "nccl" else "cpu")
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         per_token, tokens, free = float(agreed[0]), int(agreed[1]), int(-agreed[2])
-    return Decision(needs_checkpointing(per_token, tokens, free), per_token, tokens, free)
+    # ZeRO-3 leaves each parameter a partition; ds_numel is its whole size.
+    grad = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in module.parameters() if p.requires_grad)
+    return Decision(needs_checkpointing(per_token, tokens, grad, free), per_token, tokens, free, grad)
 
 
 def enable(module: torch.nn.Module) -> None:

@@ -42,6 +42,8 @@ def test_auto_decides_at_the_first_update_the_same_on_every_rank_and_trains_as_c
         decided = fits["after"]["checkpointing_auto"]
         assert decided["on"] is False and not fits["after"]["gradient_checkpointing"], decided
         assert decided["bytes_per_token"] > 0 and decided["free_bytes"] > 0, decided
+        # The toy model's fp32 parameters, counted whole at every stage (ZeRO-3's partitions by ds_numel).
+        assert decided["grad_bytes"] == 4 * sum(t.numel() for t in fits["params"].values()), decided
         assert decided["tokens"] == 6 + 6, decided  # one sample a micro-batch at max_prompt + max_response length
         agreed = one_rank_needs["after"]
         assert agreed["gradient_checkpointing"] and agreed["checkpointing_auto"]["on"], agreed["checkpointing_auto"]

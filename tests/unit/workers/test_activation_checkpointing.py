@@ -44,11 +44,11 @@ def test_saved_bytes_leave_out_weights_gathered_into_new_storage_during_the_forw
     assert ac.saved_bytes_per_token(gathered_forward, 10, mlp) == (16 + 32) * 4
 
 
-def test_the_rule_turns_checkpointing_on_only_when_the_activations_with_headroom_do_not_fit():
-    per_token, tokens = 1000.0, 4096
-    fits = int(per_token * tokens * ac.HEADROOM)
-    assert not ac.needs_checkpointing(per_token, tokens, fits)
-    assert ac.needs_checkpointing(per_token, tokens, fits - 1)
+def test_the_rule_turns_checkpointing_on_only_when_the_activations_with_headroom_and_a_gradient_do_not_fit():
+    per_token, tokens, grad = 1000.0, 4096, 10**6
+    fits = int(per_token * tokens * ac.HEADROOM) + grad
+    assert not ac.needs_checkpointing(per_token, tokens, grad, fits)
+    assert ac.needs_checkpointing(per_token, tokens, grad, fits - 1)
 
 
 @pytest.mark.parametrize(("dynamic", "max_token_len", "micro", "sp", "want"), [
