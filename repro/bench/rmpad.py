@@ -72,7 +72,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     arr.model.path = model_dir
     # on by default so that figures stay comparable with the earlier sessions' tables; off trades memory
     # (activations of every layer) for the recomputed forward, a quarter of the update's FLOPs
-    arr.model.enable_gradient_checkpointing = args.checkpointing == "on"
+    arr.model.enable_gradient_checkpointing = {"on": True, "off": False, "auto": "auto"}[args.checkpointing]
     actor = arr.actor
     actor.ppo_mini_batch_size = samples
     actor.optim.lr = 1e-6
@@ -127,7 +127,7 @@ def _child(args: argparse.Namespace) -> None:
 
     from repro.cluster.process_group import init_distributed
     from repro.rl.mfu import device_name, mfu
-    from repro.workers import logprob, rms_norm, varlen
+    from repro.workers import activation_checkpointing, logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
     from repro.workers.layer_compile import captured_graphs, compiled_layers
 
@@ -168,7 +168,9 @@ def _child(args: argparse.Namespace) -> None:
         "max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30 if on_gpu else float("nan"),
         "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30 if on_gpu else float("nan"),
         # read back from the model the engine trains, not the flag the bench was given
-        "checkpointing": bool(getattr(worker.engine.module, "is_gradient_checkpointing", False)),
+        "checkpointing": activation_checkpointing.in_use(worker.engine.module),
+        # --checkpointing auto: what the first update measured and chose (repro.workers.activation_checkpointing)
+        "checkpointing_auto": worker.engine.report()["checkpointing_auto"],
         # the basic optimizer inside ZeRO's wrapper, read back from the DeepSpeed engine
         "optimizer": type(getattr(worker.engine.engine.optimizer, "optimizer", worker.engine.engine.optimizer)).__name__,
         # read back: the layers the engine's model runs compiled, and the graphs dynamo captured (the layers' and, on
@@ -251,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--zero-stage", type=int, default=2)
     parser.add_argument("--budget", type=int, default=0,
                         help="token budget of the dynamic cases (default micro x (prompt + response): the padded memory)")
-    parser.add_argument("--checkpointing", choices=("on", "off"), default="on",
-                        help="activation checkpointing of the decoder layers (enable_gradient_checkpointing)")
+    parser.add_argument("--checkpointing", choices=("on", "off", "auto"), default="on",
+                        help="activation checkpointing of the decoder layers (enable_gradient_checkpointing; auto: "
+                             "decided from the free memory at the first update)")
     parser.add_argument("--logprob", choices=("auto", "compiled", "eager"), default="auto",
                         help="log-prob chunks (repro.workers.logprob.MODE): auto = compiled on CUDA in half precision")
     parser.add_argument("--adam", choices=("torch", "fused"), default="torch",
