@@ -13,16 +13,19 @@ SAMPLES = 8  # train_batch_size 4 x n 2
 
 def _updates(rank: int, world: int, model_dir: str, stage: int, cases: list) -> list[dict]:
     from repro.workers.actor import ActorWorker
+    from repro.workers.critic import CriticWorker
 
     out = []
-    for setting, rank_tokens in cases:
+    for role, setting, rank_tokens in cases:
         cfg = make_cfg(model_dir, world=world, stage=stage, micro=1)
         cfg.actor_rollout_ref.model.enable_gradient_checkpointing = setting
-        worker = ActorWorker(cfg)
+        cfg.critic.model.enable_gradient_checkpointing = setting
+        worker = ActorWorker(cfg) if role == "actor" else CriticWorker(cfg)
         before = worker.engine.report()
         if rank in rank_tokens:  # this rank's plan as if it could get a micro-batch this large
             worker.engine.auto_checkpointing_tokens = rank_tokens[rank]
-        worker.update_policy(shard(make_step_batch(7, SAMPLES), rank, world))
+        update = worker.update_policy if role == "actor" else worker.update_critic
+        update(shard(make_step_batch(7, SAMPLES), rank, world))
         out.append({"before": before, "after": worker.engine.report(), "params": params_of(worker)})
     return out
 
@@ -34,10 +37,12 @@ def test_auto_decides_at_the_first_update_the_same_on_every_rank_and_trains_as_c
     # The tiny model's micro-batch fits this host many times over: off, and the measurement kept. Rank 1 alone
     # could get a micro-batch whose activations fit nowhere: both ranks turn it on (a rank-local choice would give
     # the ranks different backward passes). And checkpointing on from the build, for the weights.
-    cases = [("auto", {}), ("auto", {1: 10**12}), (True, {})]
+    # The critic's engine decides the same way, from its own section's key.
+    cases = [("actor", "auto", {}), ("actor", "auto", {1: 10**12}), ("actor", True, {}), ("critic", "auto", {1: 10**12})]
     ranks = pooled(_updates, 2, timeout_s=120, args=(model_dir, stage, cases))
     for rank in range(2):
-        fits, one_rank_needs, built_on = ranks[rank]
+        fits, one_rank_needs, built_on, critic = ranks[rank]
+        assert critic["after"]["gradient_checkpointing"] and critic["after"]["checkpointing_auto"]["on"]
         assert fits["before"]["checkpointing_auto"] is None and not fits["before"]["gradient_checkpointing"]
         decided = fits["after"]["checkpointing_auto"]
         assert decided["on"] is False and not fits["after"]["gradient_checkpointing"], decided
