@@ -236,6 +236,7 @@ class ActorWorker:
         metrics["actor/num_updates"] = float(len(results))
         if self.skip_inactive:
             metrics["actor/inactive_micro_batches_skipped"] = float(sum(r.micro_batches_skipped for r in results))
+        metrics.update(self.engine.checkpointing_metrics("actor"))
         metrics.update(memory_metrics())
         return metrics
 

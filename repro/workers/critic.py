@@ -115,6 +115,7 @@ class CriticWorker:
         metrics["critic/grad_norm"] = sum(r.grad_norm for r in applied) / len(applied) if applied else float("nan")
         metrics["critic/lr"] = results[-1].lr
         metrics["critic/skipped_steps"] = float(len(results) - len(applied))
+        metrics.update(self.engine.checkpointing_metrics("critic"))
         metrics.update(memory_metrics())
         return metrics
 

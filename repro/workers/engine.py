@@ -326,6 +326,11 @@ class RoleEngine:
         if self._rank() == 0:
             print(self.checkpointing.line(), flush=True)
 
+    def checkpointing_metrics(self, prefix: str) -> dict[str, float]:
+        """``{prefix}/gradient_checkpointing``: 1 or 0 as ``auto`` chose (absent without ``auto``), so that the run's
+        metrics, not only rank 0's console, keep the choice."""
+        return {f"{prefix}/gradient_checkpointing": float(self.checkpointing.on)} if self.checkpointing else {}
+
     def start_micro(self, *, last: bool) -> None:
         """Before a micro-batch's forward: whether its backward ends the accumulation."""
         # Set on every micro-batch: the count may differ from DeepSpeed's nominal GAS.

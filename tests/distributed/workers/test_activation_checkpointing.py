@@ -25,8 +25,9 @@ def _updates(rank: int, world: int, model_dir: str, stage: int, cases: list) -> 
         if rank in rank_tokens:  # this rank's plan as if it could get a micro-batch this large
             worker.engine.auto_checkpointing_tokens = rank_tokens[rank]
         update = worker.update_policy if role == "actor" else worker.update_critic
-        update(shard(make_step_batch(7, SAMPLES), rank, world))
-        out.append({"before": before, "after": worker.engine.report(), "params": params_of(worker)})
+        metrics = update(shard(make_step_batch(7, SAMPLES), rank, world))
+        out.append({"before": before, "after": worker.engine.report(), "params": params_of(worker),
+                    "metric": metrics.get(f"{role}/gradient_checkpointing")})
     return out
 
 
@@ -43,6 +44,8 @@ def test_auto_decides_at_the_first_update_the_same_on_every_rank_and_trains_as_c
     for rank in range(2):
         fits, one_rank_needs, built_on, critic = ranks[rank]
         assert critic["after"]["gradient_checkpointing"] and critic["after"]["checkpointing_auto"]["on"]
+        # The choice in the step's metrics (what metrics.tsv keeps); no such metric without auto.
+        assert (fits["metric"], one_rank_needs["metric"], built_on["metric"], critic["metric"]) == (0.0, 1.0, None, 1.0)
         assert fits["before"]["checkpointing_auto"] is None and not fits["before"]["gradient_checkpointing"]
         decided = fits["after"]["checkpointing_auto"]
         assert decided["on"] is False and not fits["after"]["gradient_checkpointing"], decided
