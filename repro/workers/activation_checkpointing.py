@@ -42,7 +42,7 @@ HEADROOM = 1.5
 
 @dataclass(frozen=True)
 class Decision:
-    """What ``auto`` measured and chose (the engine report's ``checkpointing``)."""
+    """What ``auto`` measured and chose (the engine report's ``checkpointing_auto``)."""
 
     on: bool
     bytes_per_token: float
