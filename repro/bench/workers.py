@@ -218,9 +218,11 @@ def _child(args: argparse.Namespace) -> None:
         print(f"# overlap_comm={engine.zero_overlap_comm()} reduce_bucket_size={engine.zero_reduce_bucket_size()} "
               f"linear={linear_in_use()}", flush=True)
     if rank == 0 and hasattr(zero3, "prefetch_elements"):
+        from repro.workers.engaged import zero3_persistent_params
+
         print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
               f"persistence={zero3.parameter_offload.param_numel_persistence_threshold} persistent_params="
-              f"{sum(1 for p in engine.module.parameters() if getattr(p, 'ds_persist', False))}", flush=True)
+              f"{zero3_persistent_params(engine.module)}", flush=True)
     mem = memory_metrics()
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"step_s": step_s, "alloc": mem["perf/max_memory_allocated_gb"],

@@ -67,6 +67,14 @@ def largest_micro_tokens(plan: Any, seq_len: int) -> int:
     return plan.max_token_len // plan.sp if plan.dynamic else plan.micro * seq_len // plan.sp
 
 
+def arm(engine: Any, plan: Any, model_cfg: Any, data_cfg: Any) -> None:
+    """For ``model_cfg.enable_gradient_checkpointing=auto``: give the role's engine (a ``RoleEngine``) the tokens of a
+    rank's largest micro-batch under its ``plan``, so that its first update decides; otherwise nothing."""
+    if model_cfg.enable_gradient_checkpointing == "auto":
+        engine.auto_checkpointing_tokens = largest_micro_tokens(
+            plan, data_cfg.max_prompt_length + data_cfg.max_response_length)
+
+
 def needs_checkpointing(bytes_per_token: float, tokens: int, grad_bytes: int, free_bytes: int) -> bool:
     """The rule: the largest micro-batch's saved activations, with :data:`HEADROOM`, and a gradient do not fit."""
     return bytes_per_token * tokens * HEADROOM + grad_bytes > free_bytes

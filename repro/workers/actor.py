@@ -81,9 +81,8 @@ class ActorWorker:
             ds_overrides=ds_overrides, mpu=mpu,
         )
         layer_compile.from_config(self.engine.module, arr.model.compile_layers, self.ds.zero_stage)
-        if role == "actor" and arr.model.enable_gradient_checkpointing == "auto":
-            self.engine.auto_checkpointing_tokens = activation_checkpointing.largest_micro_tokens(
-                self.plan, cfg.data.max_prompt_length + cfg.data.max_response_length)
+        if role == "actor":  # the reference never trains
+            activation_checkpointing.arm(self.engine, self.plan, arr.model, cfg.data)
         self.updates = 0
         """Update calls so far (seeds the between-epoch shuffle; saved in checkpoints)."""
 

@@ -43,9 +43,7 @@ class CriticWorker:
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
                                  grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides, mpu=mpu)
         layer_compile.from_config(self.engine.module, model_cfg.compile_layers, self.ds.zero_stage)
-        if model_cfg.enable_gradient_checkpointing == "auto":
-            self.engine.auto_checkpointing_tokens = activation_checkpointing.largest_micro_tokens(
-                self.plan, cfg.data.max_prompt_length + cfg.data.max_response_length)
+        activation_checkpointing.arm(self.engine, self.plan, model_cfg, cfg.data)
         self.updates = 0
 
     def _values(self, mb: Batch, capacity: int | None = None) -> torch.Tensor:

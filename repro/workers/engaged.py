@@ -101,6 +101,11 @@ def _sp_size(engine: Any) -> int:
     return dist.get_world_size(group) if group is not None else 1
 
 
+def zero3_persistent_params(module: torch.nn.Module) -> int:
+    """Parameters ZeRO-3 keeps whole on every rank (DeepSpeed's ``ds_persist``; 0 below ZeRO-3)."""
+    return sum(1 for p in module.parameters() if getattr(p, "ds_persist", False))
+
+
 def engine_report(role: Any) -> dict[str, Any]:
     """The read-backs of one ``RoleEngine`` (module docstring); plain values, so ranks can return them."""
     engine, module = role.engine, role.module
@@ -116,7 +121,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "param": param_placement(engine) if engine is not None else "device",
         "zero3_leaves": leaves,
         "zero3_hooked_in_leaves": hooked,
-        "zero3_persistent_params": sum(1 for p in module.parameters() if getattr(p, "ds_persist", False)),
+        "zero3_persistent_params": zero3_persistent_params(module),
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),
