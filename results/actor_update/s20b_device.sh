@@ -22,3 +22,7 @@ for budget in 32768 262144; do
 done
 grep -rh "activation checkpointing auto" "$W"/run_*/*.log
 for f in "$W"/run_*/rmpad_compiled_*.json; do echo "$(basename "$f") $(cat "$f")"; done
+# The probe's count against the CUDA allocator (tests/gpu_e2e/test_activation_checkpointing_gpu.py: SDPA and varlen).
+REPRO_GPU_TESTS=1 REPRO_REQUIRE_GPU=1 python3 -m pytest tests/gpu_e2e/test_activation_checkpointing_gpu.py -m gpu -v \
+  -p no:cacheprovider > "$O/gpu_e2e_checkpointing.log" 2>&1
+echo "gpu_e2e checkpointing rc=$?"; tail -15 "$O/gpu_e2e_checkpointing.log"
