@@ -2,12 +2,14 @@
 what the forward really leaves allocated for the backward, with the GPU's own attention kernels: torch's SDPA (the
 padded path) and the varlen FlashAttention path of remove-padding.
 
-Error model: after a forward whose output is kept, the caching allocator holds exactly the saved tensors' storages
-and the output (the forward's other intermediates are freed), each rounded up to the allocator's 512-byte block: the
-allocated growth minus the output is the probe's count within 512 bytes per saved storage. A warm-up forward and
-backward first, so that cuBLAS's workspace and other first-call allocations are not in the growth. The CPU suites
-prove the count against sizes worked out by hand (``tests/unit/workers/test_activation_checkpointing.py``). Run with
-``REPRO_GPU_TESTS=1``.
+Error model: after a forward whose output is kept, the tensors the forward leaves alive are exactly the saved
+tensors' storages and the output (its other intermediates are freed). The caching allocator's ``requested_bytes``
+counts what was asked for, before its rounding (to 512-byte blocks, and large blocks reused whole when less than 1 MiB
+would be left over: on an H200 the *allocated* growth was 507 KiB above the count, session 20), so the requested
+growth minus the output is the probe's count exactly, save the saved storages allocated before the forward (the input
+ids). A warm-up forward and backward first, so that cuBLAS's workspace and other first-call allocations are not in the
+growth. The CPU suites prove the count against sizes worked out by hand
+(``tests/unit/workers/test_activation_checkpointing.py``). Run with ``REPRO_GPU_TESTS=1``.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from conftest import require_cuda_gpus
 
 pytestmark = pytest.mark.gpu
 
-ALLOCATOR_BLOCK = 512
 TOKENS = 1024
 
 
@@ -67,7 +68,7 @@ def test_the_probe_counts_what_the_forward_leaves_allocated_for_the_backward(pat
     model.zero_grad(set_to_none=False)  # the gradients stay allocated, outside the growth below
     n_saved = _storages_saved(forward)
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+    before = torch.cuda.memory_stats()
     kept: dict[str, torch.Tensor] = {}
 
     def forward_kept():
@@ -76,11 +77,15 @@ def test_the_probe_counts_what_the_forward_leaves_allocated_for_the_backward(pat
 
     per_token = ac.saved_bytes_per_token(forward_kept, TOKENS, model)
     torch.cuda.synchronize()
-    grown = torch.cuda.memory_allocated() - before - kept["logits"].untyped_storage().nbytes()
+    after = torch.cuda.memory_stats()
+    output = kept["logits"].untyped_storage().nbytes()
+    grown = after["requested_bytes.all.current"] - before["requested_bytes.all.current"] - output
+    allocated = after["allocated_bytes.all.current"] - before["allocated_bytes.all.current"] - output
     counted = per_token * TOKENS
     assert counted > 0
-    # The input ids are saved (the embedding's backward) but were allocated before: one more storage's worth.
-    assert abs(grown - counted) <= ALLOCATOR_BLOCK * (n_saved + 2) + ids.untyped_storage().nbytes(), (
-        path, grown, counted, n_saved)
-    print(f"{path}: {per_token / 1024:.1f} KiB/token counted, {grown / TOKENS / 1024:.1f} KiB/token allocated, "
-          f"{n_saved} saved storages")
+    # The input ids and positions may be saved (the embedding's backward, the rotary tables) but were allocated
+    # before the forward: counted, not grown.
+    before_forward = ids.untyped_storage().nbytes() + positions.untyped_storage().nbytes()
+    assert grown <= counted <= grown + before_forward, (path, grown, counted, allocated, n_saved)
+    print(f"{path}: {per_token / 1024:.1f} KiB/token counted, {grown / TOKENS / 1024:.1f} KiB/token requested, "
+          f"{allocated / TOKENS / 1024:.1f} KiB/token allocated, {n_saved} saved storages")
