@@ -5,7 +5,8 @@ ZeRO-3 with the decoder layers as leaf modules, the workers' default, and ``zero
 hooks; ``zero3_dsdefaults`` and ``zero3_offload_dsdefaults`` with DeepSpeed's constant bucket/prefetch/persistence sizes
 instead of the size-aware ones of ``repro.config.zero3``; ``zero2_overlap*`` with ``overlap_comm``;
 ``zero3_bucket_5e7`` with a tenth of ZeRO-3's gradient bucket, ``zero3_torch_linear`` with torch's linear,
-``zero3_persist_1e7`` also with the layers' weights whole) the runners train the same randomly initialised model on
+``zero3_persist_1e7`` also with the layers' weights whole, ``zero3_persist_1e7_stock`` with them gathered after each step
+by DeepSpeed's one call per parameter instead of repro's one coalesced call) the runners train the same randomly initialised model on
 the same batch, each in its own set of rank processes (peak memory would leak from one case into the next in a shared
 process):
 
@@ -68,6 +69,11 @@ CASES = {
     # most; the 156M embedding stays sharded): ZeRO-3's per-layer gathers gone, its hooks kept, ~0.9 GB more a rank:
     "zero3_persist_1e7": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False,
                           "stage3_param_persistence_threshold": 10_000_000},
+    # ... with DeepSpeed's own gather of those weights after each step, one all-gather per parameter (309), where
+    # repro's engine makes one coalesced call (repro.workers.zero3_persist_gather; the cases above):
+    "zero3_persist_1e7_stock": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False,
+                                "stage3_param_persistence_threshold": 10_000_000,
+                                "zero3_coalesce_persistent_gather": False},
     # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
     "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
     "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
@@ -219,10 +225,11 @@ def _child(args: argparse.Namespace) -> None:
               f"linear={linear_in_use()}", flush=True)
     if rank == 0 and hasattr(zero3, "prefetch_elements"):
         from repro.workers.engaged import zero3_persistent_params
+        from repro.workers.zero3_persist_gather import persistent_gather
 
         print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
               f"persistence={zero3.parameter_offload.param_numel_persistence_threshold} persistent_params="
-              f"{zero3_persistent_params(engine.module)}", flush=True)
+              f"{zero3_persistent_params(engine.module)} gather={persistent_gather(zero3)}", flush=True)
     mem = memory_metrics()
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"step_s": step_s, "alloc": mem["perf/max_memory_allocated_gb"],

@@ -110,6 +110,9 @@ class DeepSpeedConfig:
     """Use DeepSpeed's torch AdamW instead of FusedAdam/CPUAdam; None: torch on CPU, fused on CUDA."""
     zero3_leaf_modules: bool = True
     """ZeRO-3: fetch each decoder layer as one unit (``repro.workers.zero3_leaf``); False: stock hooks."""
+    zero3_coalesce_persistent_gather: bool = True
+    """ZeRO-3: after each optimizer step, gather the parameters kept whole (``stage3_param_persistence_threshold``)
+    in one coalesced all-gather (``repro.workers.zero3_persist_gather``); False: DeepSpeed's, one per parameter."""
 
     def __post_init__(self) -> None:
         _choice(self, "zero_stage", ZERO_STAGES)

@@ -17,7 +17,9 @@ break that turns it red). Each entry is read from the object that does the work:
   there at ``deepspeed.initialize``); ``zero3_hooked_in_leaves``: submodules of those leaves that
   still got DeepSpeed's own fetch hooks (``ds_id``; 0 when the leaf is honoured);
   ``zero3_persistent_params``: parameters ZeRO-3 keeps whole on every rank (DeepSpeed's ``ds_persist``, set
-  from ``stage3_param_persistence_threshold`` at initialize; 0 below ZeRO-3);
+  from ``stage3_param_persistence_threshold`` at initialize; 0 below ZeRO-3); ``zero3_persistent_gather``: how the
+  optimizer gathers those after a step, ``coalesced`` or DeepSpeed's ``per_parameter``
+  (:mod:`repro.workers.zero3_persist_gather`; None without a ZeRO-3 optimizer);
 - ``lora_layers``: peft LoRA layers holding an adapter; ``optimizer_params`` /
   ``optimizer_base_params``: parameters the DeepSpeed optimizer updates, and how many of them are
   not adapters (0 when the base is frozen); ``trainable_base_params``: base parameters with
@@ -46,6 +48,7 @@ from repro.workers import activation_checkpointing, rms_norm
 from repro.workers.layer_compile import compiled_layers
 from repro.workers.placement import optimizer_placement, param_placement
 from repro.workers.zero3_linear import linear_in_use
+from repro.workers.zero3_persist_gather import persistent_gather
 
 
 @dataclass
@@ -122,6 +125,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "zero3_leaves": leaves,
         "zero3_hooked_in_leaves": hooked,
         "zero3_persistent_params": zero3_persistent_params(module),
+        "zero3_persistent_gather": persistent_gather(engine.optimizer) if engine is not None else None,
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),

@@ -219,6 +219,10 @@ class RoleEngine:
             self.engine, _, _, _ = deepspeed.initialize(model=module, model_parameters=params, config=self.ds_config,
                                                         mpu=mpu)
             self.module = self.engine.module
+            if ds.zero_stage == 3 and ds.zero3_coalesce_persistent_gather:
+                from repro.workers.zero3_persist_gather import coalesce
+
+                coalesce(self.engine.optimizer)
             if schedule is not None:
                 from deepspeed.runtime import lr_schedules
 

@@ -1,0 +1,56 @@
+"""ZeRO-3's whole parameters gathered after each optimizer step in one coalesced all-gather
+(``repro.workers.zero3_persist_gather``, the engine's default) on 2 gloo ranks: the same bits as DeepSpeed's own
+gather, one all-gather per parameter, and that many collectives fewer, read from the collective trace."""
+
+from __future__ import annotations
+
+from repro.collectives.analyze.findings import load_traces
+from tests.distributed.workers.helpers import make_cfg, make_model_dir, make_step_batch, params_of, shard
+
+SAMPLES = 8  # train_batch_size 4 x n 2
+# The toy model's norms and attention projections (512-1,024 elements) stay whole, its MLP and embedding (2,048)
+# are sharded: the step updates both kinds.
+PERSIST = 1024
+
+
+def _train(rank: int, world: int, model_dir: str, trace_root: str) -> list[dict]:
+    from repro.collectives_trace import trace_collectives
+    from repro.workers.actor import ActorWorker
+
+    out = []
+    for coalesced in (True, False):
+        cfg = make_cfg(model_dir, world=world, stage=3, micro=1)
+        cfg.actor_rollout_ref.actor.deepspeed.stage3_param_persistence_threshold = PERSIST
+        cfg.actor_rollout_ref.actor.deepspeed.zero3_coalesce_persistent_gather = coalesced
+        worker = ActorWorker(cfg)
+        with trace_collectives(f"{trace_root}/{coalesced}", check="off"):
+            for step in range(2):
+                worker.update_policy(shard(make_step_batch(40 + step, SAMPLES), rank, world))
+        out.append({"report": worker.engine.report(), "params": params_of(worker),
+                    "steps": worker.engine.engine.global_steps})
+    return out
+
+
+def _all_gathers(trace_dir) -> int:
+    calls = load_traces(trace_dir)[0].calls
+    return sum(1 for c in calls if c.op.startswith("all_gather") or c.op == "_all_gather_base")
+
+
+def test_the_coalesced_gather_trains_bitwise_as_deepspeeds_with_one_all_gather_a_step(multirank, tmp_path):
+    model_dir = make_model_dir(tmp_path / "model")
+    ranks = multirank(_train, timeout_s=180, args=(model_dir, str(tmp_path / "trace")))
+    (coalesced, stock) = ranks[0]
+    for rank in ranks:
+        assert [r["report"]["zero3_persistent_gather"] for r in rank] == ["coalesced", "per_parameter"]
+    persistent = coalesced["report"]["zero3_persistent_params"]
+    assert 0 < persistent == stock["report"]["zero3_persistent_params"]
+    steps = coalesced["steps"]
+    assert steps >= 2 and steps == stock["steps"]
+    # Bitwise: an all-gather moves bytes, whichever call moves them.
+    for name, tensor in stock["params"].items():
+        assert coalesced["params"][name].equal(tensor), name
+    assert ranks[1][0]["params"].keys() == coalesced["params"].keys()
+    # DeepSpeed gathers each whole parameter in a call of its own after every step; the coalesced gather makes one
+    # call a step for all of them (one dtype). Every other all-gather (the sharded weights' fetches) is the same.
+    per_parameter, one_call = _all_gathers(tmp_path / "trace" / "False"), _all_gathers(tmp_path / "trace" / "True")
+    assert per_parameter - one_call == (persistent - 1) * steps, (per_parameter, one_call, persistent, steps)
