@@ -45,7 +45,8 @@ def coalesce(optimizer: Any) -> None:
 
 def persistent_gather(optimizer: Any) -> str | None:
     """How ``optimizer`` gathers its persistent parameters after a step: :data:`COALESCED`, :data:`PER_PARAMETER`
-    (DeepSpeed's own), or None when it is not a ZeRO-3 optimizer."""
-    if optimizer is None or not hasattr(optimizer, "persistent_parameters"):
+    (DeepSpeed's own), or None when it is not a ZeRO-3 optimizer (a frozen ZeRO-3 role's engine holds DeepSpeed's
+    ``DeepSpeedZeRoOffload``, which has persistent parameters but no step)."""
+    if not hasattr(optimizer, "persistent_parameters") or not hasattr(optimizer, "_post_step"):
         return None
     return COALESCED if getattr(optimizer._post_step, "repro_coalesced", False) else PER_PARAMETER

@@ -1,6 +1,7 @@
 """ZeRO-3's whole parameters gathered after each optimizer step in one coalesced all-gather
 (``repro.workers.zero3_persist_gather``, the engine's default) on 2 gloo ranks: the same bits as DeepSpeed's own
-gather, one all-gather per parameter, and that many collectives fewer, read from the collective trace."""
+gather, one all-gather per parameter, and that many collectives fewer, read from the collective trace; a frozen ZeRO-3
+role (the reference, no optimizer step) reports none."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ def _train(rank: int, world: int, model_dir: str, trace_root: str) -> list[dict]
                 worker.update_policy(shard(make_step_batch(40 + step, SAMPLES), rank, world))
         out.append({"report": worker.engine.report(), "params": params_of(worker),
                     "steps": worker.engine.engine.global_steps})
+    # A frozen ZeRO-3 role (the reference): DeepSpeed's engine holds no optimizer step to gather after.
+    cfg.actor_rollout_ref.ref.deepspeed.zero_stage = 3
+    out.append({"report": ActorWorker(cfg, role="ref").engine.report()})
     return out
 
 
@@ -39,9 +43,10 @@ def _all_gathers(trace_dir) -> int:
 def test_the_coalesced_gather_trains_bitwise_as_deepspeeds_with_one_all_gather_a_step(multirank, tmp_path):
     model_dir = make_model_dir(tmp_path / "model")
     ranks = multirank(_train, timeout_s=180, args=(model_dir, str(tmp_path / "trace")))
-    (coalesced, stock) = ranks[0]
+    (coalesced, stock, reference) = ranks[0]
     for rank in ranks:
-        assert [r["report"]["zero3_persistent_gather"] for r in rank] == ["coalesced", "per_parameter"]
+        assert [r["report"]["zero3_persistent_gather"] for r in rank] == ["coalesced", "per_parameter", None]
+    assert reference["report"]["stage"] == 3 and reference["report"]["zero3_persistent_params"] > 0
     persistent = coalesced["report"]["zero3_persistent_params"]
     assert 0 < persistent == stock["report"]["zero3_persistent_params"]
     steps = coalesced["steps"]
