@@ -5,10 +5,12 @@ hidden size of 64, so that the arithmetic is small and DeepSpeed's per-parameter
 ``engine.step()`` runs under cProfile on rank 0 for 5 steps after 3 warm-up steps. It prints the step's mean time,
 the top functions by cumulative time, and a hash of the trained weights (the same with and without the coalesced gather
 of :mod:`repro.workers.zero3_persist_gather`). ``--stage 3`` keeps every parameter whole on each rank (persistence
-1e7, as the GPU case ``zero3_persist_1e7``), ``--stock`` leaves DeepSpeed's per-parameter gather after the step:
+1e7 and torch's linear, as the GPU case ``zero3_persist_1e7``; plain DeepSpeed, so without repro's leaf modules),
+``--stock`` leaves DeepSpeed's per-parameter gather after the step:
 
     python results/actor_update/s20_zero3_step_cpu.py --stage 3 --stock
     python results/actor_update/s20_zero3_step_cpu.py --stage 3
+    python results/actor_update/s20_zero3_step_cpu.py --stage 3 --phase forward_backward --top 40
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
     model = build_model(cfg, seed=0).to(torch.bfloat16)
     zero = {"stage": args.stage, "overlap_comm": args.stage == 3, "reduce_bucket_size": int(5e8)}
     if args.stage == 3:
-        zero["stage3_param_persistence_threshold"] = int(1e7)
+        # As the GPU case zero3_persist_1e7: every weight whole, torch's linear (not DeepSpeed's autograd function).
+        zero.update(stage3_param_persistence_threshold=int(1e7), memory_efficient_linear=False)
     conf = {"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
             "zero_optimization": zero, "gradient_clipping": 1.0, "steps_per_print": 10**9,
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-5, "torch_adam": True}}}
@@ -57,6 +60,14 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
         engine.step()
     profile, spent = cProfile.Profile(), 0.0
     for _ in range(5):
+        if args.phase == "forward_backward":
+            t0 = time.perf_counter()
+            profile.enable()
+            forward_backward()
+            profile.disable()
+            spent += time.perf_counter() - t0
+            engine.step()
+            continue
         forward_backward()
         t0 = time.perf_counter()
         profile.enable()
@@ -70,7 +81,7 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
     if rank == 0:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
-        print(f"stage {args.stage}{' stock' if args.stock else ''}: step {spent / 5 * 1e3:.1f} ms under cProfile, "
+        print(f"stage {args.stage}{' stock' if args.stock else ''}: {args.phase} {spent / 5 * 1e3:.1f} ms under cProfile, "
               f"{sum(1 for _ in model.parameters())} parameters, weights sha256 {digest.hexdigest()[:16]}")
         print("\n".join(line[:180] for line in text.getvalue().splitlines()[:args.top + 10]))
     dist.barrier()
@@ -82,6 +93,8 @@ def main() -> None:
     parser.add_argument("--stage", type=int, choices=(2, 3), default=3)
     parser.add_argument("--stock", action="store_true", help="DeepSpeed's own gather after the step")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--phase", choices=("step", "forward_backward"), default="step",
+                        help="what runs under cProfile: the optimizer step, or one micro-batch's forward and backward")
     args = parser.parse_args()
     torch.multiprocessing.spawn(run, args=(2, args, os.path.join(tempfile.mkdtemp(), "store")), nprocs=2)
 
