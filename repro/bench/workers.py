@@ -74,6 +74,11 @@ CASES = {
     "zero3_persist_1e7_stock": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False,
                                 "stage3_param_persistence_threshold": 10_000_000,
                                 "zero3_coalesce_persistent_gather": False},
+    # ... with DeepSpeed's fetch/release hooks on every module, where repro's engine takes them off the modules whose
+    # weights all stay whole (repro.workers.zero3_persist_hooks; the cases above: all but the embedding's):
+    "zero3_persist_1e7_hooked": {"zero_stage": 3, **_ON_DEVICE, "memory_efficient_linear": False,
+                                 "stage3_param_persistence_threshold": 10_000_000,
+                                 "zero3_unhook_persistent_modules": False},
     # ZeRO-2 reducing on DeepSpeed's side stream during the backward, in buckets of 5e7 / 2e8 elements (5e8 unset):
     "zero2_overlap": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 50_000_000},
     "zero2_overlap_2e8": {"zero_stage": 2, **_ON_DEVICE, "overlap_comm": True, "reduce_bucket_size": 200_000_000},
@@ -226,10 +231,12 @@ def _child(args: argparse.Namespace) -> None:
     if rank == 0 and hasattr(zero3, "prefetch_elements"):
         from repro.workers.engaged import zero3_persistent_params
         from repro.workers.zero3_persist_gather import persistent_gather
+        from repro.workers.zero3_persist_hooks import hooked_modules
 
         print(f"# zero3 sizes: reduce_bucket_size={zero3.reduce_bucket_size} prefetch={zero3.prefetch_elements} "
               f"persistence={zero3.parameter_offload.param_numel_persistence_threshold} persistent_params="
-              f"{zero3_persistent_params(engine.module)} gather={persistent_gather(zero3)}", flush=True)
+              f"{zero3_persistent_params(engine.module)} gather={persistent_gather(zero3)} "
+              f"hooked_modules={hooked_modules(engine)}", flush=True)
     mem = memory_metrics()
     gathered: list = [None] * world
     dist.all_gather_object(gathered, {"step_s": step_s, "alloc": mem["perf/max_memory_allocated_gb"],

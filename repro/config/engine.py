@@ -113,6 +113,9 @@ class DeepSpeedConfig:
     zero3_coalesce_persistent_gather: bool = True
     """ZeRO-3: after each optimizer step, gather the parameters kept whole (``stage3_param_persistence_threshold``)
     in one coalesced all-gather (``repro.workers.zero3_persist_gather``); False: DeepSpeed's, one per parameter."""
+    zero3_unhook_persistent_modules: bool = True
+    """ZeRO-3: take DeepSpeed's fetch/release hooks off every module whose parameters all stay whole (or that has
+    none), which have nothing to fetch (``repro.workers.zero3_persist_hooks``); False: DeepSpeed's hooks on all."""
 
     def __post_init__(self) -> None:
         _choice(self, "zero_stage", ZERO_STAGES)

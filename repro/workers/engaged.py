@@ -19,7 +19,9 @@ break that turns it red). Each entry is read from the object that does the work:
   ``zero3_persistent_params``: parameters ZeRO-3 keeps whole on every rank (DeepSpeed's ``ds_persist``, set
   from ``stage3_param_persistence_threshold`` at initialize; 0 below ZeRO-3); ``zero3_persistent_gather``: how the
   optimizer gathers those after a step, ``coalesced`` or DeepSpeed's ``per_parameter``
-  (:mod:`repro.workers.zero3_persist_gather`; None without a ZeRO-3 optimizer);
+  (:mod:`repro.workers.zero3_persist_gather`; None without a ZeRO-3 optimizer); ``zero3_hooked_modules``: modules
+  still carrying DeepSpeed's ZeRO-3 fetch hook, read from the hooks' handles (the root included; the others lose
+  theirs where all their parameters stay whole: :mod:`repro.workers.zero3_persist_hooks`; None below ZeRO-3);
 - ``lora_layers``: peft LoRA layers holding an adapter; ``optimizer_params`` /
   ``optimizer_base_params``: parameters the DeepSpeed optimizer updates, and how many of them are
   not adapters (0 when the base is frozen); ``trainable_base_params``: base parameters with
@@ -49,6 +51,7 @@ from repro.workers.layer_compile import compiled_layers
 from repro.workers.placement import optimizer_placement, param_placement
 from repro.workers.zero3_linear import linear_in_use
 from repro.workers.zero3_persist_gather import persistent_gather
+from repro.workers.zero3_persist_hooks import hooked_modules
 
 
 @dataclass
@@ -126,6 +129,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "zero3_hooked_in_leaves": hooked,
         "zero3_persistent_params": zero3_persistent_params(module),
         "zero3_persistent_gather": persistent_gather(engine.optimizer) if engine is not None else None,
+        "zero3_hooked_modules": hooked_modules(engine) if engine is not None else None,
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),

@@ -236,6 +236,10 @@ class RoleEngine:
             # A frozen role below ZeRO-3 gains nothing from an engine: a plain module in eval mode.
             module.requires_grad_(False)
             self.module = module.to(self.device)
+        if ds.zero_stage == 3 and ds.zero3_unhook_persistent_modules and self.engine is not None:  # before any forward
+            from repro.workers.zero3_persist_hooks import unhook
+
+            unhook(self.engine)
         if ds.memory_efficient_linear is False:  # an earlier ZeRO-3 engine of this process may have replaced it
             from repro.workers.zero3_linear import keep_torch_linear
 

@@ -11,6 +11,7 @@ of :mod:`repro.workers.zero3_persist_gather`). ``--stage 3`` keeps every paramet
     python results/actor_update/s20_zero3_step_cpu.py --stage 3 --stock
     python results/actor_update/s20_zero3_step_cpu.py --stage 3
     python results/actor_update/s20_zero3_step_cpu.py --stage 3 --phase forward_backward --top 40
+    python results/actor_update/s20_zero3_step_cpu.py --stage 3 --phase forward_backward --unhook   # session 21
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
 
     from repro.data.tiny_model import PolicyShape, build_model, tiny_config
     from repro.workers.zero3_persist_gather import coalesce
+    from repro.workers.zero3_persist_hooks import unhook
 
     cfg = tiny_config(vocab_size=1024, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                       shape=PolicyShape(hidden_size=64, num_hidden_layers=28, intermediate_size=128))
@@ -50,6 +52,8 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
                                       dist_init_required=False)
     if args.stage == 3 and not args.stock:
         coalesce(engine.optimizer)
+    if args.stage == 3 and args.unhook:
+        unhook(engine)
     ids = torch.randint(3, 1024, (8, 64), generator=torch.Generator().manual_seed(rank))
 
     def forward_backward() -> None:
@@ -81,7 +85,7 @@ def run(rank: int, world: int, args: argparse.Namespace, store: str) -> None:
     if rank == 0:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.top)
-        print(f"stage {args.stage}{' stock' if args.stock else ''}: {args.phase} {spent / 5 * 1e3:.1f} ms under cProfile, "
+        print(f"stage {args.stage}{' stock' if args.stock else ''}{' unhooked' if args.unhook else ''}: {args.phase} {spent / 5 * 1e3:.1f} ms under cProfile, "
               f"{sum(1 for _ in model.parameters())} parameters, weights sha256 {digest.hexdigest()[:16]}")
         print("\n".join(line[:180] for line in text.getvalue().splitlines()[:args.top + 10]))
     dist.barrier()
@@ -92,6 +96,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stage", type=int, choices=(2, 3), default=3)
     parser.add_argument("--stock", action="store_true", help="DeepSpeed's own gather after the step")
+    parser.add_argument("--unhook", action="store_true",
+                        help="session 21: DeepSpeed's module hooks off the modules kept whole (repro.workers.zero3_persist_hooks)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--phase", choices=("step", "forward_backward"), default="step",
                         help="what runs under cProfile: the optimizer step, or one micro-batch's forward and backward")
