@@ -40,6 +40,21 @@ def fused_norm_words(setup: dict[str, Any] | None) -> list[str]:
     return words
 
 
+def zero3_words(setup: dict[str, Any] | None) -> list[str]:
+    """ZeRO-3's layout as the built engine reports it (none below ZeRO-3): a run with the layers' weights whole and
+    DeepSpeed's hooks off them and one with DeepSpeed's defaults differ by 1.1-1.2x in their update
+    (results/seed_scale/README.md, section 9), and the config alone cannot say what DeepSpeed kept."""
+    if not setup or setup.get("stage") != 3:
+        return []
+    whole = f"{setup.get('zero3_persistent_params')} parameters whole"
+    if setup.get("zero3_persistent_gather"):
+        whole += f" (gathered {setup['zero3_persistent_gather']})"
+    parts = [f"{len(setup.get('zero3_leaves') or [])} leaf modules", f"linear {setup.get('linear')}", whole]
+    if setup.get("zero3_hooked_modules") is not None:
+        parts.append(f"{setup['zero3_hooked_modules']} modules hooked")
+    return [f"ZeRO-3 read back [{', '.join(parts)}]"]
+
+
 def lora_readback(setup: dict[str, Any] | None) -> str:
     """The adapters the module holds and the base parameters the optimizer holds ('' without adapters)."""
     if not (setup and setup.get("lora_layers")):
@@ -55,7 +70,8 @@ def _role_line(cfg: RunConfig, role: str, setup: dict[str, Any] | None) -> str:
              else f"micro {plan.micro} x GAS {plan.gas}")
     words = [engine_words(setup), layout_words(plan.dp, plan.sp, setup), f"{split} per rank",
              f"{plan.num_mini_batches} mini-batch(es) x {section.ppo_epochs} epoch(s)/step",
-             "remove-padding " + ("on" if model.use_remove_padding else "off"), *fused_norm_words(setup)]
+             "remove-padding " + ("on" if model.use_remove_padding else "off"), *fused_norm_words(setup),
+             *zero3_words(setup)]
     if role == "actor":
         lora = f"LoRA rank {model.lora_rank} alpha {model.lora_alpha}" if model.lora_rank else "LoRA off"
         words.append(lora + lora_readback(setup))

@@ -73,3 +73,17 @@ def test_an_sp_group_the_engine_did_not_build_shows_as_read_back():
     # asked for sp=2, the engine reports no sequence-parallel group: the banner says so, not the config
     lines = _banner("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", engines={"actor": {**ZERO2["actor"], "sp": 1}})
     assert "dp 1 x sp 2 (read back sp 1)" in lines[1]
+
+
+def test_zero3_layout_shows_what_the_engine_reports_and_nothing_below_zero3():
+    # engine_report's ZeRO-3 read-backs (repro.workers.engaged): two runs asking for the same keys print differently
+    # when DeepSpeed kept different things, and a ZeRO-2 engine prints none of it.
+    zero3 = {"stage": 3, "optimizer": "device", "param": "device", "zero3_leaves": [], "linear": "torch",
+             "zero3_persistent_params": 309, "zero3_persistent_gather": "coalesced", "zero3_hooked_modules": 3}
+    keys = ("actor_rollout_ref.actor.deepspeed.zero_stage=3",)
+    lines = _banner(*keys, engines={"actor": zero3})
+    assert ", ZeRO-3 read back [0 leaf modules, linear torch, 309 parameters whole (gathered coalesced), " \
+           "3 modules hooked], LoRA off" in lines[1]
+    hooked = _banner(*keys, engines={"actor": {**zero3, "zero3_hooked_modules": 35}})
+    assert "35 modules hooked" in hooked[1] and hooked[1] != lines[1]
+    assert "ZeRO-3 read back" not in _banner(engines={"actor": {**ZERO2["actor"], "zero3_persistent_params": 0}})[1]
