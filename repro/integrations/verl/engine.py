@@ -128,12 +128,12 @@ class DeepSpeedEngine(BaseEngine):
     def setup_line(self) -> str:
         """What the built engine reports (``RoleEngine.report``) in the words of repro's own banner: verl
         prints the config it composed, never what an engine did with it (a run's proof of ZeRO stage,
-        offload, the SP group, LoRA and the fused norms is this line, on rank 0's console)."""
+        offload, ZeRO-3's layout, the SP group, LoRA and the fused norms is this line, on rank 0's console)."""
         rep = self.role.report()
         kind = "critic" if self.value_head else ("reference" if self.forward_only else "actor")
         built = rep if rep["stage"] is not None else None  # a forward-only module has no DeepSpeed engine
         words = [banner.engine_words(built), banner.layout_words(dist.get_world_size() // self.sp, self.sp, built),
-                 f"attention {rep['attention']}", *banner.fused_norm_words(rep)]
+                 f"attention {rep['attention']}", *banner.fused_norm_words(rep), *banner.zero3_words(built)]
         if rep["lora_layers"]:
             words.append("LoRA" + banner.lora_readback(rep))
         return f"repro DeepSpeed engine, {kind}: " + ", ".join(words)

@@ -348,6 +348,12 @@ def test_the_engine_line_says_what_the_built_engine_reports(trained: dict, stage
     rank = trained["ranks"][0][(stage, name)]
     assert rank["setup_line"].startswith("repro DeepSpeed engine, " + words), rank["setup_line"]
     assert "RMSNorm" not in rank["setup_line"]  # eager norms on a CPU (rms_norm.fused_count is 0)
+    # ZeRO-3's layout, read back as repro's banner words it (repro.run.banner.zero3_words); none below ZeRO-3
+    engaged = rank["engaged"]
+    zero3 = (f"ZeRO-3 read back [{len(engaged['zero3_leaves'])} leaf modules, linear {engaged['linear']}, "
+             f"{engaged['zero3_persistent_params']} parameters whole")
+    assert (zero3 in rank["setup_line"]) == (stage == 3), rank["setup_line"]
+    assert (f"{engaged['zero3_hooked_modules']} modules hooked]" in rank["setup_line"]) == (stage == 3)
 
 
 def test_the_lora_engine_line_counts_adapters_and_no_base_parameter(trained: dict) -> None:
