@@ -34,9 +34,9 @@ def main(runs: list[Path]) -> None:
         r = rows(run)
         med = [f"{statistics.median(float(x[k]) for x in r[1:]):.3f}" for k in PHASES]
         peak = [f"{max(float(x[k]) for x in r):.2f}" for k in PEAKS]
-        exact = sum(all(a[k] == b[k] for k in EXACT) for a, b in zip(first, r))
+        exact = sum(all(a[k] == b[k] for k in EXACT) for a, b in zip(first, r, strict=True))
         rel = max(abs(float(a["actor/grad_norm"]) - float(b["actor/grad_norm"])) / abs(float(a["actor/grad_norm"]))
-                  for a, b in zip(first, r))
+                  for a, b in zip(first, r, strict=True))
         print(f"| {run.name} | {len(r)} | " + " | ".join(med + peak) + f" | {exact} of {len(r)} | {rel:.1e} |")
 
 
