@@ -20,6 +20,9 @@ settings.register_profile(
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
+# The shared Ray head of each xdist worker (``ray_head``), for tests/distributed/ and tests/e2e/ alike.
+pytest_plugins = ("tests.ray_head",)
+
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev")
 settings.load_profile(PROFILE)
 
@@ -45,10 +48,36 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     # Again at the end: the suites run with -q, which hides the header.
     terminalreporter.write_line(_hypothesis_line(config))
 
+# The costliest modules first, most CPU first (per-test CPU on 2 cores, ``scripts/cpu_per_test.py``:
+# results/test_suite_speed.md), then the other slow-marked tests, then the rest. The scheduler below
+# hands tests out one at a time in this order: longest first keeps both workers busy until the end.
+# One list for both multi-rank suites (tests/e2e/'s modules first, then tests/distributed/'s and the
+# slow unit tests'); a run of one suite meets only its own names.
+_LONG_MODULES = ("test_multinode.py", "test_lora_run.py", "test_run_safety.py", "test_bench_cli.py",
+                 "test_bench_workers.py", "test_goldens.py", "test_verl_algorithms_e2e.py",
+                 "test_checkpoint_fallback.py",
+                 "test_sft.py", "test_batch_splits.py", "test_layout_parity.py", "test_policies.py",
+                 "test_library_collectives.py", "test_programs.py", "test_trace.py", "test_checkpoint.py",
+                 "test_launch.py", "test_functional.py")
+
+
+def _cost_rank(item: pytest.Item) -> tuple[int, int]:
+    name = item.path.name
+    if name in _LONG_MODULES:
+        return (0, _LONG_MODULES.index(name))
+    return (1, 0) if item.get_closest_marker("slow") else (2, 0)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # A stable sort: every xdist worker computes the same order, as xdist requires.
+    items.sort(key=_cost_rank)
+
+
 # Test modules whose tests share a module-scoped fixture too costly to build twice (a 2-node Ray
 # cluster, a job that several tests read): under xdist they run as one unit on one worker.
-_ONE_WORKER_MODULES = ("tests/distributed/cluster/test_multinode.py", "tests/distributed/test_trainer.py",
-                       "tests/distributed/test_verl_algorithms_e2e.py")
+_ONE_WORKER_MODULES = ("tests/e2e/cluster/test_multinode.py", "tests/e2e/test_trainer.py",
+                       "tests/e2e/test_verl_algorithms_e2e.py")
 
 
 @pytest.hookimpl(optionalhook=True)

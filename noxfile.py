@@ -4,7 +4,9 @@ GPU machine's own environment with its CUDA torch), so no session re-installs to
     nox -s unit         pure-CPU unit and property tests on 2 workers (about a minute; `slow` ones excluded)
     nox -s distributed  real multi-rank DeepSpeed on 2 gloo ranks per test, 2 xdist workers
     nox -s slow         the `slow`-marked unit tests (tiny-policy SFT build, JIT-built DeepSpeed ops)
-    nox -s tests        unit, then distributed + slow: what CI runs
+    nox -s e2e          whole jobs on 2 gloo ranks: the trainer's CLI runs, resume and signals, 2 Ray
+                        nodes, LoRA learning, the CPU golden, the benchmark workflows
+    nox -s tests        unit, then distributed + slow, then e2e: what CI runs
     nox -s gpu_e2e      the GPU gate; skips without GPUs, fails instead with REPRO_REQUIRE_GPU=1
     nox -s lint         ruff, and actionlint on .github/workflows
     nox -s verl         repro's RL math against verl 0.9.1 itself, in its own cached .venv-verl
@@ -63,13 +65,27 @@ def slow(session: nox.Session) -> None:
 
 
 @nox.session
+def e2e(session: nox.Session) -> None:
+    """Whole jobs as a user runs them, each on 2 gloo ranks, two at a time: the job-level proofs, kept
+    apart from the rank-level suite so that each suite stays under six minutes on 2 cores."""
+    _bytecode(session)
+    _e2e(session)
+
+
+def _e2e(session: nox.Session) -> None:
+    session.run(*PYTEST, "tests/e2e", "-n", "2", "-q", *session.posargs, env={**CPU_ENV, **_profile()})
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
-    """What CI runs: the fast unit suite, then distributed and slow tests on 2 workers (no GPU gate)."""
+    """What CI runs: the fast unit suite, then distributed and slow tests, then the end-to-end jobs, each
+    on 2 workers (no GPU gate)."""
     unit(session)  # compiles repro/ and tests/ first (_bytecode), for this run too
     session.run(
         *PYTEST, "tests/distributed", "tests/unit", "-m", "distributed or slow", "-n", "2", "-q",
         *session.posargs, env={**CPU_ENV, **_profile()},
     )
+    _e2e(session)
 
 
 @nox.session

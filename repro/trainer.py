@@ -121,7 +121,7 @@ class PPOTrainer:
     def _sync_weights(self, version: int) -> None:
         """Refresh the rollout copies from the actor when an update (or the start) left them stale."""
         assert self.group is not None
-        # Fault injection for the rollout-agreement test (tests/distributed/test_trainer.py): a
+        # Fault injection for the rollout-agreement test (tests/e2e/test_trainer.py): a
         # rollout that keeps the weights it had before the update must be caught by rollout_corr/*.
         if self._weights_stale and version > 1 and os.environ.get("REPRO_FAULT_STALE_ROLLOUT") == "1":
             self._weights_stale = False

@@ -7,7 +7,8 @@
 # REPRO_COMMIT names the commit in the record where the copy has no (or a stale) .git.
 #
 # SUITE: unit (fast unit tests), distributed (tests/distributed, all of it), slow (slow-marked unit
-# tests), verl (tests/verl_parity, only when `import verl` works in $PYTHON). Default: all four.
+# tests), e2e (tests/e2e: whole jobs), verl (tests/verl_parity, only when `import verl` works in
+# $PYTHON). Default: all five.
 # PYTEST_ARGS go to every suite (e.g. `-- -k remove_padding` for a subset).
 # Environment: JOBS (xdist workers, default 8; 0 runs in one process), PYTHON (default python3),
 # OUT (where the record and the logs go; default results/cpu_suite_elsewhere/ in the checkout).
@@ -22,6 +23,7 @@
 # one command per suite keeps each under the 10-minute limit:
 #   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site JOBS=8 bash scripts/cpu_suite_elsewhere.sh unit slow
 #   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site JOBS=8 bash scripts/cpu_suite_elsewhere.sh distributed
+#   PYTHON=/opt/torch/.venv/bin/python PYTHONPATH=/tmp/site JOBS=8 bash scripts/cpu_suite_elsewhere.sh e2e
 set -u -o pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,11 +38,11 @@ extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --) shift; extra=("$@"); break ;;
-        unit|distributed|slow|verl) suites+=("$1"); shift ;;
-        *) echo "unknown suite '$1' (unit, distributed, slow, verl; pytest arguments after --)" >&2; exit 2 ;;
+        unit|distributed|slow|e2e|verl) suites+=("$1"); shift ;;
+        *) echo "unknown suite '$1' (unit, distributed, slow, e2e, verl; pytest arguments after --)" >&2; exit 2 ;;
     esac
 done
-[ ${#suites[@]} -eq 0 ] && suites=(unit distributed slow verl)
+[ ${#suites[@]} -eq 0 ] && suites=(unit distributed slow e2e verl)
 
 # The checkout first, then whatever the machine's environment already puts on PYTHONPATH (its wheels).
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -85,6 +87,7 @@ for suite in "${suites[@]}"; do
         unit) args=(tests/unit -m "not slow") ;;
         distributed) args=(tests/distributed) ;;
         slow) args=(tests/unit -m slow) ;;
+        e2e) args=(tests/e2e) ;;
         verl)
             if ! "$PYTHON" -c "import verl" 2>/dev/null; then
                 echo "| verl | - | - | - | - | verl not importable: skipped |" >> "$record"

@@ -2,9 +2,9 @@
 
 Every job-level test starts its jobs and reads their outputs through this module:
 
-- CPU jobs on 2 gloo ranks through Ray: ``tests/distributed/test_trainer.py``, ``test_lora_run.py``,
+- CPU jobs on 2 gloo ranks through Ray: ``tests/e2e/test_trainer.py``, ``test_lora_run.py``,
   ``test_checkpoint_fallback.py``, ``test_run_safety.py``, ``cluster/test_multinode.py``;
-- verl's algorithm set end to end, several jobs in one driver: ``tests/distributed/test_verl_algorithms_e2e.py``;
+- verl's algorithm set end to end, several jobs in one driver: ``tests/e2e/test_verl_algorithms_e2e.py``;
 - verl 0.9.1's own trainer with repro's engine (``tests/verl_parity/engine/trainer_job.py``, in .venv-verl);
 - the GPU gate (NCCL, a ``gate.json`` record per case): ``tests/gpu_e2e/test_grpo_gate.py``.
 
@@ -55,15 +55,15 @@ SMALL = [
     "trainer.progress=plain",
 ]
 # The uninterrupted 3-step GRPO job that two proofs compare with bitwise: the 2-node run
-# (tests/distributed/cluster/test_multinode.py) and the run resumed after a kill -9
-# (tests/distributed/test_run_safety.py). Both build their own runs from these overrides, so the
+# (tests/e2e/cluster/test_multinode.py) and the run resumed after a kill -9
+# (tests/e2e/test_run_safety.py). Both build their own runs from these overrides, so the
 # reference is the same config by construction, and one run of it serves both (:class:`SharedRun`).
 # No validation: neither compares a validation figure (and it leaves the training rows bitwise as
 # they are, results/test_suite_speed.md, 2026-11-26); a checkpoint at step 2, where both interrupt.
 GRPO_3_STEPS = [*SMALL, "trainer.val_before_train=False", "trainer.test_freq=-1", "trainer.total_training_steps=3",
                 "trainer.save_freq=2"]
-# The 3-step PPO job (actor and critic) that tests/distributed/test_trainer.py checks as a run
-# (every output, finite actor and critic metrics) and tests/distributed/test_checkpoint_fallback.py
+# The 3-step PPO job (actor and critic) that tests/e2e/test_trainer.py checks as a run
+# (every output, finite actor and critic metrics) and tests/e2e/test_checkpoint_fallback.py
 # checks for which checkpoints each role keeps: one job serves both (:class:`SharedRun`). Saving
 # every step does not touch a metric check_outputs reads, and the keep limits only prune folders.
 # No validation: it does not touch the critic (Trainer.validate: rollout and reward) and is

@@ -17,7 +17,7 @@ repro's engine (``model_engine=deepspeed``) from the engine's ``train_mode`` aro
 resume (it is in the checkpoints), and Ray's workers inherit the variable from the driver.
 
 Unset (the default) it costs one environment lookup per update. Only the tests set it
-(``tests/distributed/test_run_safety.py``, ``tests/verl_parity/engine/test_verl_trainer_faults.py``);
+(``tests/e2e/test_run_safety.py``, ``tests/verl_parity/engine/test_verl_trainer_faults.py``);
 it is listed with the other variables in docs/config.md.
 """
 

@@ -3,7 +3,7 @@
 DeepSpeed writes model and optimizer (with the LR scheduler) in one call and repro's ``extra``
 (RNG states, data position, update counter) is what makes a resume exact, so both lists must hold
 those three; ``hf_model`` adds a Hugging Face export to each save (exercised on real checkpoints
-in tests/distributed/test_run_safety.py's damaged-checkpoint check) and cannot be loaded (verl does not load it either).
+in tests/e2e/test_run_safety.py's damaged-checkpoint check) and cannot be loaded (verl does not load it either).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``PPOTrainer.verified_checkpoint`` needs only the config and the run paths, so the trainer is
 built without its data and tokenizer here; loading the chosen checkpoint into real engines is
-tests/distributed/test_run_safety.py's damaged-checkpoint check.
+tests/e2e/test_run_safety.py's damaged-checkpoint check.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Checkpoints here are made of plain files shaped like the trainer's (``actor/ds/...`` shards,
 ``critic/...``, ``trainer_state.json``); the same store on real DeepSpeed checkpoints through the
-trainer is tests/distributed/test_run_safety.py's damaged-checkpoint check.
+trainer is tests/e2e/test_run_safety.py's damaged-checkpoint check.
 """
 
 from __future__ import annotations

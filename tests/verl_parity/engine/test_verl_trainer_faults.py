@@ -4,7 +4,7 @@ verl 0.9.1's ``python -m verl.trainer.main_ppo model_engine=deepspeed`` on 2 CPU
 (``trainer_job.py``: GRPO, ZeRO-2, a checkpoint every step, the canned rollout), with
 ``REPRO_FAULT_RANK=1:<kind>:2``: rank 1 fails in its second actor update (after step 1's
 checkpoint) while rank 0 goes on into the update's gradient all-reduce and waits there. The same
-fault as repro's own trainer's test (``tests/distributed/test_run_safety.py``), fired by the same
+fault as repro's own trainer's test (``tests/e2e/test_run_safety.py``), fired by the same
 engine code (``repro.workers.engine.RoleEngine``).
 
 The three kinds of ``repro.workers.faults``: ``forward`` (an exception in the forward), ``data`` (a token

@@ -3,7 +3,7 @@
 The damaged-latest-checkpoint fallback through the real trainer (a truncated optimizer shard and an
 emptied ``latest`` marker: verified, named, kept as ``.damaged``, resumed from the checkpoint before,
 the lost step recomputed equal) ran here on a 4-step job of its own until 2026-11-27; it now runs on the
-finished folder of the kill -9 test's resumed run (``tests/distributed/test_run_safety.py``), which
+finished folder of the kill -9 test's resumed run (``tests/e2e/test_run_safety.py``), which
 saves at steps 2 and 3 with the Hugging Face export.
 """
 
