@@ -19,7 +19,10 @@ parsed trace and its labels are :class:`repro.bench.trace_events.Trace`'s):
   ``communication``; ``AccumulateGrad`` (no sequence number) and the gradient hooks that run in
   it (DeepSpeed ZeRO-1/2's bucket copies) are ``grad_accumulate``; nothing: ``unlabeled``
   (the loss, DeepSpeed's Python between ops, ZeRO-3's parameter fetch). A recomputed forward (activation checkpointing) runs
-  inside its backward but opens its module's range again, so it is labelled as a forward;
+  inside its backward but opens its module's range again, so it is labelled as a forward. An op that
+  would be unlabelled inside a compiled region (dynamo's ``Torch-Compiled Region`` range: the decoder
+  layers under ``model.compile_layers``, which carry no hooks) is ``compiled_layers``: attention, MLP
+  and norms fused by the compiler, their split no longer the trace's to tell;
 - a GPU kernel (also memcpy / memset) takes the label of the CPU op that launched it: the op
   with its ``External id``, else the op around the runtime call with its ``correlation``; a
   kernel whose name contains ``nccl`` is ``communication``;
@@ -36,6 +39,7 @@ terms split by part; ``T`` tokens = sum of lengths, ``S`` = sum of squared lengt
 
 - attention: ``6 T L h (2 a d + 2 k d) + 6 S d a L`` (projections and scores);
 - mlp: ``6 T L 3 h f``;
+- compiled_layers (in place of attention and mlp when the step has that row): their sum;
 - lm_head: ``6 T' V h`` with ``T'`` = ``--lm-tokens`` (the positions that need logits: the
   response tokens; default ``T``, which is what the MFU formula counts);
 - embedding: 0 here (a gather); the MFU formula counts ``6 T V h`` for it, which the footer's
@@ -60,10 +64,11 @@ from typing import Any
 
 from repro.bench.profile_idle import idle_host, idle_table
 from repro.bench.profile_kernels import kernel_table
-from repro.bench.trace_events import COMM, GRAD_ACC, UNLABELED, Trace, is_comm
+from repro.bench.trace_events import COMM, COMPILED, GRAD_ACC, UNLABELED, Trace, is_comm
 
 IDLE = "idle/launch"
-ORDER = ("attention", "mlp", "norm", "embedding", "lm_head", "logprob", "optimizer", GRAD_ACC, COMM, UNLABELED, IDLE)
+ORDER = ("attention", "mlp", COMPILED, "norm", "embedding", "lm_head", "logprob", "optimizer", GRAD_ACC, COMM,
+         UNLABELED, IDLE)
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "intermediate_size", "vocab_size")
 
@@ -159,13 +164,17 @@ def _pct(x: float) -> str:
 
 def table(result: dict[str, Any], phase_flops: dict[str, float] | None = None, peak_tflops: float = 989.0) -> str:
     """The markdown table of :func:`attribute`'s ``result`` (FLOP columns when ``phase_flops``)."""
-    phase_flops = phase_flops or {}
+    phase_flops = dict(phase_flops or {})
     step_ms = result["step_us"] / 1e3
+    fused = COMPILED in result["phases"]
+    if fused and "attention" in phase_flops:  # the layers' phases ran as one compiled region
+        phase_flops[COMPILED] = phase_flops.pop("attention") + phase_flops.pop("mlp")
     unit = "device ms" if result["mode"] == "device" else "CPU ms"
     peak = peak_tflops * 1e12
     lines = [f"| phase | {unit} | share | GFLOP | ideal ms | ideal / measured |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
     phases = result["phases"]
-    names = [p for p in ORDER if p in phases or p in ("attention", "mlp", "lm_head", "logprob", "optimizer")]
+    always = ("lm_head", "logprob", "optimizer") + ((COMPILED,) if fused else ("attention", "mlp"))
+    names = [p for p in ORDER if p in phases or p in always]
     names += sorted(p for p in phases if p not in ORDER)
     for p in names:
         ms = phases.get(p, 0.0) / 1e3

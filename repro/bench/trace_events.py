@@ -19,6 +19,8 @@ CPU_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 ACCUMULATE = "torch::autograd::AccumulateGrad"
 COMM, UNLABELED, GRAD_ACC = "communication", "unlabeled", "grad_accumulate"
+COMPILED_MARK = "Torch-Compiled Region"  # dynamo's range around each run of a compiled frame
+COMPILED = "compiled_layers"
 
 
 def is_comm(name: str) -> bool:
@@ -114,6 +116,7 @@ class Trace:
         self._labels[i] = UNLABELED  # a cycle (none expected) ends unlabelled
         j: int | None = i
         found = UNLABELED
+        compiled = False  # inside a compiled region: its label unless a repro:: range encloses it
         while j is not None:
             name = self.cpu[j]["name"]
             if name.startswith(PREFIX):
@@ -129,7 +132,10 @@ class Trace:
                 fwd = self.forward_of(j)
                 found = self.label(fwd) if fwd is not None else UNLABELED
                 break
+            compiled = compiled or name.startswith(COMPILED_MARK)
             j = self.parent[j]
+        if found == UNLABELED and compiled:
+            found = COMPILED
         self._labels[i] = found
         return found
 

@@ -15,7 +15,12 @@ Phase labels (issue 35; read back by ``repro.bench.profile_phases``). While a pr
   :meth:`StepProfiler.stop`. The pre-hook is registered last and the post-hook
   first, so DeepSpeed ZeRO-3's own hooks (parameter fetch before, release after) stay outside
   the range: their time is the parent's. A recomputed forward (activation checkpointing) calls
-  the same modules during backward, so it opens the same ranges there;
+  the same modules during backward, so it opens the same ranges there. A module whose call runs
+  compiled (``nn.Module.compile``: ``model.compile_layers``) gets no hooks, nor do the modules inside
+  it: a hook added to a compiled call changes what dynamo guards, so the profiled pass would
+  recompile (a second of compile in the step, session 22 of ``results/actor_update/README.md``), and a
+  range opened inside compiled code is not recorded. Their time is labelled from the regions dynamo
+  marks itself (``repro.bench.trace_events``: ``compiled_layers``);
 - :func:`phase` opens ``repro::logprob`` (``repro.workers.logprob.token_log_probs``) and
   ``repro::optimizer`` (``RoleEngine``'s ``engine.step()``) ranges; with no profiler running it
   returns a null context (no ``record_function`` at all).
@@ -65,14 +70,22 @@ def module_phase(name: str, module: torch.nn.Module) -> str | None:
     return None
 
 
+def compiled_modules(model: torch.nn.Module) -> set[int]:
+    """Ids of the modules of ``model`` whose calls run compiled, and of every module inside one."""
+    return {id(inner) for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None
+            for inner in m.modules()}
+
+
 def label_modules(models: Iterable[torch.nn.Module]) -> list[Any]:
-    """Install the phase hooks on every labelled module of ``models``; returns the hook handles."""
+    """Install the phase hooks on every labelled module of ``models`` outside compiled calls; returns the
+    hook handles."""
     handles: list[Any] = []
     seen: set[int] = set()
     for model in models:
+        compiled = compiled_modules(model)
         for name, module in model.named_modules():
             label = module_phase(name, module)
-            if label is None or id(module) in seen:
+            if label is None or id(module) in seen or id(module) in compiled:
                 continue
             seen.add(id(module))
             open_ranges: list[Any] = []  # one per call in flight (a module re-entered opens a second)

@@ -146,6 +146,33 @@ def test_the_flop_columns_split_the_mfu_formula_by_phase() -> None:
     assert "- MFU formula's count (embedding and LM head on every token): 1.157e-05 GFLOP" in text
 
 
+def compiled_trace() -> dict:
+    """Compiled decoder layers (no hooks inside): an op in dynamo's region and its backward, tied to it by
+    sequence number; a compiled function inside ``repro::logprob``, whose range wins."""
+    return {"traceEvents": [
+        op("Torch-Compiled Region: 0/0", 0, 10),
+        op("CompiledFunction", 1, 8, Sequence_number=4, Fwd_thread_id=0),
+        op("repro::logprob", 12, 6, cat="user_annotation"),
+        op("Torch-Compiled Region: 1/0", 13, 4),
+        op("aten::mm", 14, 2),
+        op(EVALUATE + " CompiledFunctionBackward", 20, 10, Sequence_number=4, Fwd_thread_id=1),
+        op("CompiledFunctionBackward", 21, 8, Sequence_number=4, Fwd_thread_id=1),
+        flow("s", 1, 1), flow("f", 1, 21),
+    ]}
+
+
+def test_compiled_regions_label_the_layers_inside_them_unless_a_phase_range_encloses_them() -> None:
+    phases = attribute(compiled_trace())["phases"]
+    # [0, 10] the layers' forward, [20, 30] their backward; [12, 18] log-probs, compiled or not
+    assert phases == {"compiled_layers": 10 + 10, "logprob": 6, "idle/launch": 2 + 2}
+    # the FLOP columns: the compiled row carries attention + MLP, which get no rows of their own
+    f = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4)
+    lines = table(attribute(compiled_trace()), f, peak_tflops=1e-6).splitlines()
+    assert "| compiled_layers | 0.020 | 66.7% | 7.728e-06 | 7.728 | 38640.0% |" in lines
+    assert not any(line.startswith(("| attention ", "| mlp ")) for line in lines)
+    assert "| **step** | 0.030 | 100.0% | 8.688e-06 | 8.688 | 28960.0% |" in lines  # the step's FLOPs unchanged
+
+
 def test_a_forward_only_pass_counts_a_third_of_every_phases_flops() -> None:
     full = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4)
     forward = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4, forward_only=True)

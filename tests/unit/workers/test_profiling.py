@@ -100,3 +100,50 @@ def test_phase_ranges_exist_only_while_profiling_and_a_recomputed_forward_opens_
     assert {r: ranges.count(r) for r in set(ranges)} == {
         "repro::embedding": 1, "repro::lm_head": 1, "repro::optimizer": 1,
         "repro::norm": 2, "repro::attention": 2, "repro::mlp": 2}
+
+
+class _Layers(torch.nn.Module):
+    """Two decoder-like blocks between an embedding and an LM head, called as a model calls its layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens, self.lm_head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10)
+        self.layers = torch.nn.ModuleList([_Block(), _Block()])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.lm_head(h)
+
+
+def test_compiled_layers_carry_no_phase_hooks_and_their_profiled_time_is_labelled_from_dynamos_regions(
+        tmp_path: Path, monkeypatch) -> None:
+    """``model.compile_layers``' layers under the profiler: a hook inside a compiled call is either a new graph
+    (the recompile session 22 profiled on an H200) or silently dropped, so none goes there; the trace's
+    compiled regions carry their time instead (``compiled_layers``), forward and backward."""
+    from repro.bench.profile_phases import attribute
+    from repro.bench.trace_events import COMPILED
+    from repro.workers.layer_compile import captured_graphs
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # the suites switch dynamo off (conftest.py)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Layers()
+    for layer in model.layers:
+        layer.compile(backend="aot_eager", dynamic=True)  # torch's own kernels: no C++ build on CPU
+    ids = torch.randint(0, 10, (2, 5))
+    model(ids).sum().backward()  # the warm pass compiles the layers' forward and backward
+    graphs = captured_graphs()
+    assert graphs >= 1
+    prof = StepProfiler(tmp_path, rank=0)
+    prof.start(1, models=[model])
+    hooked = {n for n, m in model.named_modules() if m._forward_pre_hooks or m._forward_hooks}
+    assert hooked == {"embed_tokens", "lm_head"}  # nothing inside layers.0 / layers.1
+    model(ids).sum().backward()
+    prof.stop()
+    assert captured_graphs() == graphs  # the profiled pass ran the warm graphs, compiled nothing
+    trace = json.loads((tmp_path / "step1_rank0.trace.json").read_text())
+    phases = attribute(trace)["phases"]
+    assert phases.get(COMPILED, 0) > 0 and not {"attention", "mlp", "norm"} & set(phases), phases
+    assert phases[COMPILED] > phases.get("unlabeled", 0), phases  # the layers' ops, forward and backward, are labelled
