@@ -95,7 +95,8 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     if case.endswith("compiled"):
         arr.model.compile_layers = args.compile_backend  # the worker compiles them (repro.workers.layer_compile)
     # torch's AdamW by default: DeepSpeed's FusedAdam (the CUDA default of repro's config) is JIT-built on first use
-    actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=args.adam == "torch")
+    actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=args.adam == "torch",
+                                      fused_overflow_check=args.overflow_check == "fused")
     return cfg
 
 
@@ -130,6 +131,7 @@ def _child(args: argparse.Namespace) -> None:
     from repro.workers import activation_checkpointing, logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
     from repro.workers.layer_compile import captured_graphs, compiled_layers
+    from repro.workers.overflow_check import overflow_check
 
     init_distributed()
     if args.case == "padded_full":
@@ -176,6 +178,7 @@ def _child(args: argparse.Namespace) -> None:
         # read back: the layers the engine's model runs compiled, and the graphs dynamo captured (the layers' and, on
         # CUDA, the log-prob chunks')
         "compiled_layers": compiled_layers(worker.engine.module),
+        "overflow_check": overflow_check(worker.engine.engine.optimizer),
         "compiled_graphs": captured_graphs(),
         **host,
     }
@@ -222,7 +225,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing,
-           "--logprob", args.logprob, "--adam", args.adam]
+           "--logprob", args.logprob, "--adam", args.adam, "--overflow-check", args.overflow_check]
     if args.infer:
         cmd.append("--infer")
     if args.host_ops:
@@ -260,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="log-prob chunks (repro.workers.logprob.MODE): auto = compiled on CUDA in half precision")
     parser.add_argument("--adam", choices=("torch", "fused"), default="torch",
                         help="torch's AdamW, or DeepSpeed's FusedAdam (CUDA; JIT-built once per machine)")
+    parser.add_argument("--overflow-check", choices=("fused", "per_tensor"), default="fused",
+                        help="ZeRO-1/2's inf/NaN test of the gradients before a step: repro's one reduction, or "
+                             "DeepSpeed's loop over the tensors (fused_overflow_check=false)")
     parser.add_argument("--infer", action="store_true",
                         help="also time the old-log-prob pass (compute_log_prob with entropy) and print its MFU")
     parser.add_argument("--profile", default="",

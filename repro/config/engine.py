@@ -116,6 +116,9 @@ class DeepSpeedConfig:
     zero3_unhook_persistent_modules: bool = True
     """ZeRO-3: take DeepSpeed's fetch/release hooks off every module whose parameters all stay whole (or that has
     none), which have nothing to fetch (``repro.workers.zero3_persist_hooks``); False: DeepSpeed's hooks on all."""
+    fused_overflow_check: bool = True
+    """ZeRO-1/2: test the gradients for inf / NaN before each step in one multi-tensor reduction
+    (``repro.workers.overflow_check``); False: DeepSpeed's loop, about a dozen operators per gradient tensor."""
 
     def __post_init__(self) -> None:
         _choice(self, "zero_stage", ZERO_STAGES)

@@ -22,6 +22,8 @@ break that turns it red). Each entry is read from the object that does the work:
   (:mod:`repro.workers.zero3_persist_gather`; None without a ZeRO-3 optimizer); ``zero3_hooked_modules``: modules
   still carrying DeepSpeed's ZeRO-3 fetch hook, read from the hooks' handles (the root included; the others lose
   theirs where all their parameters stay whole: :mod:`repro.workers.zero3_persist_hooks`; None below ZeRO-3);
+  ``overflow_check``: how a ZeRO-1/2 optimizer tests its gradients for inf / NaN before a step, ``fused`` or
+  DeepSpeed's ``per_tensor`` (:mod:`repro.workers.overflow_check`; None without a ZeRO-1/2 optimizer);
 - ``lora_layers``: peft LoRA layers holding an adapter; ``optimizer_params`` /
   ``optimizer_base_params``: parameters the DeepSpeed optimizer updates, and how many of them are
   not adapters (0 when the base is frozen); ``trainable_base_params``: base parameters with
@@ -48,6 +50,7 @@ import torch
 
 from repro.workers import activation_checkpointing, rms_norm
 from repro.workers.layer_compile import compiled_layers
+from repro.workers.overflow_check import overflow_check
 from repro.workers.placement import optimizer_placement, param_placement
 from repro.workers.zero3_linear import linear_in_use
 from repro.workers.zero3_persist_gather import persistent_gather
@@ -130,6 +133,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "zero3_persistent_params": zero3_persistent_params(module),
         "zero3_persistent_gather": persistent_gather(engine.optimizer) if engine is not None else None,
         "zero3_hooked_modules": hooked_modules(engine) if engine is not None else None,
+        "overflow_check": overflow_check(engine.optimizer) if engine is not None else None,
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),

@@ -223,6 +223,10 @@ class RoleEngine:
                 from repro.workers.zero3_persist_gather import coalesce
 
                 coalesce(self.engine.optimizer)
+            if ds.zero_stage in (1, 2) and ds.fused_overflow_check:
+                from repro.workers.overflow_check import fuse
+
+                fuse(self.engine.optimizer)
             if schedule is not None:
                 from deepspeed.runtime import lr_schedules
 

@@ -1,4 +1,5 @@
-"""A non-finite gradient norm skips the update (DeepSpeed's own check) and is counted in the metrics."""
+"""A non-finite gradient skips the update and is counted in the metrics: at ZeRO-1/2 through repro's one-reduction
+test of the gradients (``repro.workers.overflow_check``, the engine's default), at ZeRO-3 through DeepSpeed's own."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def _poisoned_updates(rank: int, world: int, model_dir: str) -> list[dict]:
         after = params_of(worker)
         changed = {n for n in before if not bool((before[n] == after[n]).all())}
         finite = all(bool(t.isfinite().all()) for t in after.values())
-        out.append({"metrics": metrics, "changed": changed, "names": set(before), "finite": finite})
+        out.append({"metrics": metrics, "changed": changed, "names": set(before), "finite": finite,
+                    "check": worker.engine.report()["overflow_check"]})
     return out
 
 
@@ -46,3 +48,4 @@ def test_non_finite_grad_norm_skips_that_update_on_every_stage(pooled, tmp_path)
             assert math.isfinite(m["actor/grad_norm"]), (stage, m)
             assert res["finite"], stage  # the poisoned gradient never reached the weights
             assert res["changed"] == res["names"], stage  # the clean mini-batch still trained
+            assert res["check"] == ("fused" if stage < 3 else None), (stage, res["check"])
