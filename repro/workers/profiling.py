@@ -17,10 +17,11 @@ Phase labels (issue 35; read back by ``repro.bench.profile_phases``). While a pr
   the range: their time is the parent's. A recomputed forward (activation checkpointing) calls
   the same modules during backward, so it opens the same ranges there. A module whose call runs
   compiled (``nn.Module.compile``: ``model.compile_layers``) gets no hooks, nor do the modules inside
-  it: a hook added to a compiled call changes what dynamo guards, so the profiled pass would
-  recompile (a second of compile in the step, session 22 of ``results/actor_update/README.md``), and a
-  range opened inside compiled code is not recorded. Their time is labelled from the regions dynamo
-  marks itself (``repro.bench.trace_events``: ``compiled_layers``);
+  it: a range opened inside compiled code is not recorded, and with the hooks there the profiled pass
+  compiled again on an H200 (torch 2.11, inductor: 933 ms of a log-prob pass, session 22 of
+  ``results/actor_update/README.md``; without them, session 23, nothing), while torch 2.13's CPU build
+  drops them silently. Their time is labelled from the regions dynamo marks itself
+  (``repro.bench.trace_events``: ``compiled_layers``);
 - :func:`phase` opens ``repro::logprob`` (``repro.workers.logprob.token_log_probs``) and
   ``repro::optimizer`` (``RoleEngine``'s ``engine.step()``) ranges; with no profiler running it
   returns a null context (no ``record_function`` at all).
