@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -66,6 +67,16 @@ def _cost_rank(item: pytest.Item) -> tuple[int, int]:
     if name in _LONG_MODULES:
         return (0, _LONG_MODULES.index(name))
     return (1, 0) if item.get_closest_marker("slow") else (2, 0)
+
+
+# Every test under these folders spawns real ranks (or a whole job's), whichever suite runs it.
+_DISTRIBUTED_DIRS = tuple(Path(__file__).parent.resolve() / d for d in ("tests/distributed", "tests/e2e"))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At collection, before `-m` selects: the marker must be there when the selection reads it.
+    if any(item.path.resolve().is_relative_to(d) for d in _DISTRIBUTED_DIRS):
+        item.add_marker(pytest.mark.distributed)
 
 
 @pytest.hookimpl(trylast=True)

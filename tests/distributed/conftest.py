@@ -1,5 +1,6 @@
 """Fixtures for multi-rank tests: the `multirank` runner, the warm `rank_pool`, the shared `ray_head`
-(``tests/ray_head.py``, a plugin of the root conftest) and the `distributed` marker. Whole jobs are ``tests/e2e/``'s."""
+(``tests/ray_head.py``, a plugin of the root conftest); the root conftest marks these tests `distributed`.
+Whole jobs are ``tests/e2e/``'s."""
 
 from __future__ import annotations
 
@@ -11,15 +12,6 @@ import pytest
 
 from tests.multirank import run_ranks
 from tests.rank_pool import RankPool
-
-_HERE = pathlib.Path(__file__).parent.resolve()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # This hook sees the whole session's items, not only this directory's.
-    for item in items:
-        if item.path.resolve().is_relative_to(_HERE):
-            item.add_marker(pytest.mark.distributed)
 
 
 @pytest.fixture

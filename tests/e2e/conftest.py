@@ -5,28 +5,18 @@ harness ``tests/jobs.py``.
 The suite is ``nox -s e2e`` (``pytest tests/e2e -n 2``); ``nox -s tests`` (CI) runs it after the unit and
 distributed + slow suites. Its jobs join the worker's shared Ray head (``ray_head``, from
 ``tests/ray_head.py``) unless they test what happens to a job's own Ray processes; two jobs that several
-proofs read run once per session (below). Every test here spawns real ranks, so it carries the
-``distributed`` marker as the rank-level suite's tests do.
+proofs read run once per session (below). The root ``conftest.py`` marks its tests ``distributed``, as it
+does the rank-level suite's: their jobs spawn real ranks.
 """
 
 from __future__ import annotations
 
 import os
-import pathlib
 from collections.abc import Iterator
 
 import pytest
 
 from tests.jobs import GRPO_3_STEPS, PPO_3_STEPS_KEEP, SharedRun
-
-_HERE = pathlib.Path(__file__).parent.resolve()
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # This hook sees the whole session's items, not only this directory's.
-    for item in items:
-        if item.path.resolve().is_relative_to(_HERE):
-            item.add_marker(pytest.mark.distributed)
 
 
 @pytest.fixture(scope="session")
