@@ -179,6 +179,8 @@ def _child(args: argparse.Namespace) -> None:
         # CUDA, the log-prob chunks')
         "compiled_layers": compiled_layers(worker.engine.module),
         "overflow_check": overflow_check(worker.engine.engine.optimizer),
+        # the host's intra-op threads (OMP_NUM_THREADS, read back): the trainer's ranks run with one
+        "intra_op_threads": torch.get_num_threads(),
         "compiled_graphs": captured_graphs(),
         **host,
     }
