@@ -73,6 +73,12 @@ def _rank_context():
     return ctx
 
 
+# A gloo rank runs on the CPU and must not see a GPU the host may have: torch state of a GPU it does not
+# use leaks into CPU runs (on the GPU machine's CPU suite, torch.compile inside a checkpointed layer
+# initialised CUDA, and torch.utils.checkpoint refused the forward).
+CPU_RANK_ENV = {"DS_ACCELERATOR": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def rank_env(rank: int, world_size: int) -> dict[str, str]:
     """The environment torch.distributed and DeepSpeed read in rank ``rank`` of a one-host job."""
     return {"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
@@ -135,7 +141,7 @@ def _rank_main(
         os.environ["DS_ACCELERATOR"] = "cuda"
         os.environ.update(_NCCL_ENV)
     else:
-        os.environ["DS_ACCELERATOR"] = "cpu"
+        os.environ.update(CPU_RANK_ENV)
     os.environ.update(env)
 
     import torch

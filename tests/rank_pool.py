@@ -29,6 +29,7 @@ import traceback
 from multiprocessing.connection import wait as wait_for
 
 from tests.multirank import (
+    CPU_RANK_ENV,
     RankFailure,
     RankTimeout,
     _describe_exit,
@@ -90,7 +91,7 @@ def _pool_rank_main(conn, rank: int, parent_env: dict[str, str]) -> None:
     os.setsid()
     _die_with_parent()
     os.environ.clear()
-    os.environ.update({**parent_env, **rank_env(rank, 1), "DS_ACCELERATOR": "cpu"})
+    os.environ.update({**parent_env, **rank_env(rank, 1), **CPU_RANK_ENV})
     import torch
 
     from repro.cluster.process_group import disable_deepspeed_shm_op

@@ -47,6 +47,8 @@ def host_ops(update) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
+        # torch 2.13 makes the Python frames the op's parents; 2.11 (the GPU machine's) gives them as its stack
+        frames = frames or list(e.stack or ())
         frame = "autograd" if e.name.startswith("autograd::engine") else next(
             (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
         by[next((name for key, name in _OWNERS if key in frame), frame)] += 1

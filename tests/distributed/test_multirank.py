@@ -40,6 +40,9 @@ def _all_reduce_rank(rank: int, world_size: int) -> dict:
                 "REPRO_TEST_KNOB",
             )
         },
+        # a gloo rank sees no GPU, whatever the host has; and torch agrees
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "cuda_devices": torch.cuda.device_count(),
     }
 
 
@@ -66,6 +69,7 @@ def test_results_come_back_indexed_by_rank_after_a_real_all_reduce(multirank):
             "OMP_NUM_THREADS": "1",
             "REPRO_TEST_KNOB": "on",
         }
+        assert (r["cuda_visible_devices"], r["cuda_devices"]) == ("", 0)
 
 
 def _late_knob(rank: int, world_size: int) -> str | None:

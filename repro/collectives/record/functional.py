@@ -102,7 +102,9 @@ class _Traced:
         packet = self.__repro_traced__
         # Dynamo inlines this wrapper when it compiles a function: the graph must hold torch's op
         # (the tracer's file writes cannot be traced); the compiled call reaches _compiled_kernel.
-        if kwargs or torch.compiler.is_compiling():
+        # Some torch releases (2.11) put this wrapper itself into the graph, so AOT's tracing calls
+        # it again on fake tensors under its modes: not a collective on the wire, so not recorded.
+        if kwargs or torch.compiler.is_compiling() or _tracing_modes() or _traced_tensors(args):
             return packet(*args, **kwargs)
         tracer = active()
         return packet(*args) if tracer is None else _traced_call(tracer, self._op, packet, args)
@@ -168,12 +170,28 @@ _MODE_KEYS = tuple(
 )
 
 
-def _tracing(args: tuple) -> bool:
-    """Whether this call is torch.compile tracing the graph (fake or functional tensors), not running it."""
+def _tracing_modes() -> bool:
+    """Whether one of torch's tracing modes (fake, proxy, functional) is active."""
     # Only torch's tracing modes: AOT's runtime may run the real graph under a mode of its own.
-    if any(torch._C._get_dispatch_mode(k) is not None for k in _MODE_KEYS):
-        return True
-    return any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
+    return any(torch._C._get_dispatch_mode(k) is not None for k in _MODE_KEYS)
+
+
+def _traced_tensors(args: tuple) -> bool:
+    """Whether an argument is a tensor torch traces with (fake or functional), which never reaches the wire."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    return any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in args)
+
+
+def _tracing(args: tuple) -> bool:
+    """Whether this call is torch.compile tracing the graph (fake or functional tensors), not running it.
+
+    Below autograd, any tensor subclass is one of tracing's wrappers; the namespace wrapper above sees
+    the user's own subclasses (an unwaited ``AsyncCollectiveTensor`` chained into the next
+    collective), so it asks the narrower :func:`_traced_tensors`.
+    """
+    return _tracing_modes() or any(isinstance(a, torch.Tensor) and type(a) not in _PLAIN for a in args)
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)

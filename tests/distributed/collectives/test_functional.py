@@ -36,6 +36,15 @@ def _functional_step(kind: str, rank: int, divergent: bool) -> list:
         dt = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         full = dt.redistribute(mesh, [Replicate()]).to_local()  # fc:dtensor
         return full.sum(dim=1).tolist()
+    if kind == "fake":
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        # What torch.compile's tracing does: the ops on fake tensors under its modes, nothing on the wire,
+        # here a different op on each rank; then one real call.
+        with FakeTensorMode():
+            x = torch.ones(4)
+            _ = funcol.all_gather_tensor(x, 0, dist.group.WORLD) if rank else funcol.all_reduce(x, "sum", dist.group.WORLD)
+        return (funcol.all_reduce(torch.ones(4), "sum", dist.group.WORLD) * 1).tolist()  # fc:real
     if kind.startswith("compiled_"):
         group = dist.group.WORLD
 
@@ -147,3 +156,20 @@ def test_a_clean_compiled_function_records_its_collective_and_wait_at_the_users_
     # the wait is where the result was first used: in the graph, or where the caller uses it
     assert calls[0].site.endswith(f"{_site('compiled0')} sync"), calls[0].site
     assert calls[1].of == calls[0].index and calls[1].t_end is not None
+
+
+def test_calls_on_fake_tensors_under_torchs_tracing_modes_are_neither_recorded_nor_checked(multirank, tmp_path):
+    """torch 2.11's AOT tracing called the namespace wrapper on fake tensors: a clean compiled run recorded its
+    collective twice, and a divergent one raised while compiling instead of at its run (seen on the GPU machine's
+    CPU suite)."""
+    from repro.collectives.events import read_trace_dir
+
+    out = tmp_path / "t"
+    results = multirank(_functional_rank, args=("fake", "every", False, str(out)), deepspeed=False)
+    assert [r["raised"] for r in results] == [False, False], results
+    assert [r["value"] for r in results] == [[2.0] * 4, [2.0] * 4]
+    traces = read_trace_dir(out)
+    assert sorted(traces) == [0, 1]
+    for trace in traces.values():
+        assert [c.op for c in trace.calls] == ["all_reduce", "wait"], trace.calls
+        assert trace.calls[0].site.split(" ")[0].endswith(_site("real")), trace.calls[0].site
