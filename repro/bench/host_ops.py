@@ -9,6 +9,8 @@ from __future__ import annotations
 from repro.devices import on_cpu
 
 _OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
+NO_FRAME = "no Python frame"
+"""The issuer of an op for which torch's profiler recorded no Python frame (``with_stack``)."""
 
 
 def host_ops(update) -> dict:
@@ -19,7 +21,8 @@ def host_ops(update) -> dict:
     ``host_ops``: operators (``aten::``, and the autograd engine's backward nodes) inside no other
     operator, on any thread: each a dispatch and, on a GPU, one or more kernel launches.
     ``host_ops_by``: the same by who issued them (the innermost package frame on the op's Python
-    stack; ``autograd`` for the backward nodes, ``other`` for torch itself); ``host_ops_top``: the
+    stack; ``autograd`` for the backward nodes, ``other`` for torch itself, :data:`NO_FRAME` where the
+    profiler gave the op no Python stack); ``host_ops_top``: the
     twelve frames that issued most. ``host_syncs`` (CUDA only, one more update): the operations
     torch's sync debug mode flags as waiting for the GPU to drain (``item()``, ``nonzero``,
     device-to-host copies...); not counted on a CPU, where every tensor is a host tensor and such
@@ -47,10 +50,11 @@ def host_ops(update) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
-        # torch 2.13 makes the Python frames the op's parents; 2.11 (the GPU machine's) gives them as its stack
-        frames = frames or list(e.stack or ())
+        # torch 2.13 makes the Python frames the op's parents; torch 2.11 (the GPU machine's) records none for
+        # any op, nor in the op's own ``stack`` (results/actor_update/README.md, session 13): those ops are
+        # counted as such, not as torch's own ("other")
         frame = "autograd" if e.name.startswith("autograd::engine") else next(
-            (f for f in frames if any(key in f for key, _ in _OWNERS)), "other")
+            (f for f in frames if any(key in f for key, _ in _OWNERS)), "other" if frames else NO_FRAME)
         by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
         frames_by[frame.split("packages/")[-1]] += 1
     syncs, sites = _device_syncs(update)
