@@ -308,6 +308,10 @@ class WorkerGroup:
             env["DS_ACCELERATOR"] = "cuda"
         else:
             env["DS_ACCELERATOR"] = "cpu"
+            # A CPU rank sees no GPU of its host (Ray leaves CUDA_VISIBLE_DEVICES alone for actors without
+            # one): torch.compile inside a checkpointed layer would initialise CUDA there, and
+            # torch.utils.checkpoint refuses a forward that does (seen on a GPU host's CPU test suite).
+            env["CUDA_VISIBLE_DEVICES"] = ""
         return env
 
     # ---- fan-out -------------------------------------------------------------------------

@@ -23,7 +23,8 @@ class RankProbe:
 
     def env(self) -> dict[str, str]:
         keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR", "OMP_NUM_THREADS")
-        return {k: os.environ.get(k, "") for k in keys} | {"tag": self.tag, "pid": str(os.getpid())}
+        return {k: os.environ.get(k, "") for k in keys} | {"tag": self.tag, "pid": str(os.getpid()),
+                                                           "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def fail_on(self, rank: int) -> int:
         if int(os.environ["RANK"]) == rank:

@@ -33,6 +33,7 @@ def test_ranks_get_rank_env_and_form_one_gloo_group(group):
     assert {e["WORLD_SIZE"] for e in envs} == {"2"} and [e["LOCAL_RANK"] for e in envs] == ["0", "1"]
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs}) == 1 and envs[0]["MASTER_PORT"].isdigit()
     assert {e["DS_ACCELERATOR"] for e in envs} == {"cpu"} and {e["OMP_NUM_THREADS"] for e in envs} == {"1"}
+    assert {e["CUDA_VISIBLE_DEVICES"] for e in envs} == {""}  # a CPU rank sees none of its host's GPUs
     assert len({e["pid"] for e in envs}) == 2 and {e["tag"] for e in envs} == {"probe"}
     # Each rank gets its own shard; the collective proves the ranks share one process group.
     assert group.execute_all("all_reduce", [1.0, 10.0]) == [11.0, 11.0]
