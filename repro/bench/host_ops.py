@@ -50,9 +50,9 @@ def host_ops(update) -> dict:
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch
-        # torch 2.13 makes the Python frames the op's parents; torch 2.11 (the GPU machine's) records none for
-        # any op, nor in the op's own ``stack`` (results/actor_update/README.md, session 13): those ops are
-        # counted as such, not as torch's own ("other")
+        # torch 2.13 on Python 3.11 makes the Python frames the op's parents; the GPU machine's torch 2.11 on
+        # Python 3.12 records none for any op, nor in the op's own ``stack`` (results/actor_update/README.md,
+        # session 13; which of the two versions it is, not known): such ops are counted as such, not as torch's own
         frame = "autograd" if e.name.startswith("autograd::engine") else next(
             (f for f in frames if any(key in f for key, _ in _OWNERS)), "other" if frames else NO_FRAME)
         by[next((name for key, name in _OWNERS if key in frame), frame)] += 1
