@@ -102,8 +102,8 @@ class _Traced:
         packet = self.__repro_traced__
         # Dynamo inlines this wrapper when it compiles a function: the graph must hold torch's op
         # (the tracer's file writes cannot be traced); the compiled call reaches _compiled_kernel.
-        # Some torch releases (2.11) put this wrapper itself into the graph, so AOT's tracing calls
-        # it again on fake tensors under its modes: not a collective on the wire, so not recorded.
+        # On the GPU machine's torch 2.11, AOT's tracing called this wrapper again, on fake tensors under
+        # its modes (the graph held the wrapper): not a collective on the wire, so not recorded.
         if kwargs or torch.compiler.is_compiling() or _tracing_modes() or _traced_tensors(args):
             return packet(*args, **kwargs)
         tracer = active()
