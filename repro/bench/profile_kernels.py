@@ -11,8 +11,9 @@ This module sums the step's device events by what the kernel is, from its name:
 - ``communication``: NCCL; ``memcpy/memset``: copies and fills; ``other``: the rest (ATen's own kernels).
 
 Each row is the kernels' summed duration (overlapping kernels each count in full) and its share of that
-sum, with the count; then the ``top`` longest kernels by summed duration. Imports the standard library
-and :mod:`repro.bench.trace_events` only.
+sum, with the count; then the ``top`` longest kernels by summed duration. :func:`phase_kernel_table` does
+the same for one phase's kernels (the compiled layers', whose split the phase table cannot give), each kind
+beside its ideal at peak where one is given. Imports the standard library and :mod:`repro.bench.trace_events` only.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from repro.bench.trace_events import DEVICE_CATS, is_comm
+from repro.bench.trace_events import DEVICE_CATS, Trace, is_comm
 
 KINDS = ("gemm", "attention", "triton", "communication", "memcpy/memset", "other")
 # Attention first: FlashAttention's kernel names carry CUTLASS types (``cutlass::bfloat16_t``) in their templates.
@@ -61,4 +62,29 @@ def kernel_table(trace: dict[str, Any], top: int = 8) -> str:
     for name, (us, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
         short = name if len(name) <= 90 else name[:87] + "..."
         lines.append(f"| `{short}` | {us / 1e3:.3f} | {n} |")
+    return "\n".join(lines)
+
+
+def phase_kernel_table(trace: dict[str, Any], phase: str, ideal_ms: dict[str, float] | None = None) -> str:
+    """Markdown: the device time of ``phase``'s kernels (:meth:`Trace.kernel_phase`) by kind, each beside
+    ``ideal_ms[kind]`` (ms at peak) where given; "" when the phase launched no kernel."""
+    t = Trace(trace)
+    by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for k in t.device:
+        if t.kernel_phase(k) == phase:
+            by_kind[kind(k)][0] += k["dur"]
+            by_kind[kind(k)][1] += 1
+    total = sum(v[0] for v in by_kind.values())
+    if not total:
+        return ""
+    ideal_ms = ideal_ms or {}
+    lines = [f"| {phase}: kernel kind | device ms | share | kernels | ideal ms | ideal / measured |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k in KINDS:
+        us, n = by_kind.get(k, (0.0, 0))
+        if not n:
+            continue
+        ideal = ideal_ms.get(k)
+        tail = f"{ideal:.4g} | {ideal / (us / 1e3):.1%}" if ideal is not None else "- | -"
+        lines.append(f"| {k} | {us / 1e3:.3f} | {us / total:.1%} | {n} | {tail} |")
     return "\n".join(lines)

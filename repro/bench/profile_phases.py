@@ -63,12 +63,14 @@ from types import SimpleNamespace
 from typing import Any
 
 from repro.bench.profile_idle import idle_host, idle_table
-from repro.bench.profile_kernels import kernel_table
-from repro.bench.trace_events import COMM, COMPILED, GRAD_ACC, UNLABELED, Trace, is_comm
+from repro.bench.profile_kernels import kernel_table, phase_kernel_table
+from repro.bench.trace_events import COMM, COMPILED, GRAD_ACC, UNLABELED, Trace
 
 IDLE = "idle/launch"
 ORDER = ("attention", "mlp", COMPILED, "norm", "embedding", "lm_head", "logprob", "optimizer", GRAD_ACC, COMM,
          UNLABELED, IDLE)
+# flops()'s keys that are not a phase's FLOPs (a whole count, and a part of attention's)
+NOT_PHASES = ("mfu_total", "attention_scores")
 SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
               "head_dim", "intermediate_size", "vocab_size")
 
@@ -79,10 +81,7 @@ def attribute(trace: dict[str, Any]) -> dict[str, Any]:
     pieces: list[tuple[float, float, str]] = []
     if t.device:
         mode = "device"
-        for k in t.device:
-            op = None if is_comm(k["name"]) else t.launcher(k)
-            phase = COMM if is_comm(k["name"]) else (t.label(op) if op is not None else UNLABELED)
-            pieces.append((k["ts"], k["ts"] + k["dur"], phase))
+        pieces.extend((k["ts"], k["ts"] + k["dur"], t.kernel_phase(k)) for k in t.device)
     else:
         mode = "cpu"
         for i, e in enumerate(t.cpu):
@@ -142,9 +141,10 @@ def shape_dict(config: Any) -> dict[str, Any]:
 
 def flops(config: Any, tokens: int, sq_tokens: int, lm_tokens: int | None = None,
           forward_only: bool = False) -> dict[str, float]:
-    """FLOPs per phase (module docstring) and ``"mfu_total"``, the MFU formula's whole count; ``forward_only``
-    (a log-prob pass): a third of each, as verl's ``perf/mfu/actor_infer`` counts it."""
-    from repro.rl.mfu import flops_by_part
+    """FLOPs per phase (module docstring), ``"attention_scores"`` (attention's scores term, for the compiled layers'
+    kernel kinds) and ``"mfu_total"``, the MFU formula's whole count; ``forward_only`` (a log-prob pass): a third
+    of each, as verl's ``perf/mfu/actor_infer`` counts it."""
+    from repro.rl.mfu import attention_score_flops, flops_by_part
 
     parts = flops_by_part(config, tokens, sq_tokens)
     if not parts:
@@ -152,6 +152,7 @@ def flops(config: Any, tokens: int, sq_tokens: int, lm_tokens: int | None = None
     scale = 1 / 3 if forward_only else 1.0
     per_token_head = parts["lm_head"] / tokens if tokens else 0.0
     out = {"attention": parts["attention"], "mlp": parts["mlp"],
+           "attention_scores": attention_score_flops(config, sq_tokens),
            "lm_head": per_token_head * (tokens if lm_tokens is None else lm_tokens),
            "embedding": 0.0, "mfu_total": sum(parts.values())}
     return {k: v * scale for k, v in out.items()}
@@ -186,7 +187,7 @@ def table(result: dict[str, Any], phase_flops: dict[str, float] | None = None, p
         else:
             cells = ["-", "-", "-"]
         lines.append(f"| {p} | {ms:.3f} | {share} | " + " | ".join(cells) + " |")
-    total_f = sum(v for k, v in phase_flops.items() if k != "mfu_total")
+    total_f = sum(v for k, v in phase_flops.items() if k not in NOT_PHASES)
     total_ideal = total_f / peak * 1e3
     total_cells = [f"{total_f / 1e9:.4g}", f"{total_ideal:.4g}", _pct(total_ideal / step_ms) if step_ms else "-"] \
         if phase_flops else ["-", "-", "-"]
@@ -212,7 +213,21 @@ def report(trace_path: str | Path, meta: dict[str, Any] | None = None, peak_tflo
                             meta.get("lm_tokens"), bool(meta.get("forward_only")))
     idle = idle_table(idle_host(raw))
     kernels = kernel_table(raw)
-    return table(result, phase_flops, peak_tflops) + ("\n" + idle if idle else "") + ("\n\n" + kernels if kernels else "")
+    compiled = phase_kernel_table(raw, COMPILED, compiled_ideals(phase_flops, peak_tflops))
+    if compiled:
+        compiled += ("\n\n- gemm's ideal: the layers' projections and MLP; attention's: the scores as verl counts them "
+                     "(the whole square of each length; a causal kernel computes about half)")
+    return (table(result, phase_flops, peak_tflops) + ("\n" + idle if idle else "") + ("\n\n" + kernels if kernels else "")
+            + ("\n\n" + compiled + "\n" if compiled else ""))
+
+
+def compiled_ideals(phase_flops: dict[str, float] | None, peak_tflops: float) -> dict[str, float]:
+    """The compiled layers' ideal ms by kernel kind: matrix multiplies (projections, MLP) and attention (scores)."""
+    if not phase_flops or "attention_scores" not in phase_flops:
+        return {}
+    to_ms = 1e3 / (peak_tflops * 1e12)
+    scores = phase_flops["attention_scores"]
+    return {"gemm": (phase_flops["attention"] - scores + phase_flops["mlp"]) * to_ms, "attention": scores * to_ms}
 
 
 def meta_path(trace_path: str | Path) -> Path:

@@ -147,6 +147,13 @@ class Trace:
         runtime = self.runtime_by_corr.get(args.get("correlation"))
         return self.parent[runtime] if runtime is not None else None
 
+    def kernel_phase(self, kernel: dict[str, Any]) -> str:
+        """The phase of a device event: ``communication`` for a collective's kernel, else its launcher's label."""
+        if is_comm(kernel["name"]):
+            return COMM
+        op = self.launcher(kernel)
+        return self.label(op) if op is not None else UNLABELED
+
     def self_intervals(self, i: int) -> list[tuple[float, float]]:
         """The parts of CPU event ``i``'s span that none of its children cover."""
         start, end = self.cpu[i]["ts"], self._end(i)

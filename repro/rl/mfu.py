@@ -60,6 +60,17 @@ def achieved_flops(config: Any, seqlens: Sequence[int], seconds: float) -> float
     return sum(flops_by_part(config, sum(lengths), sum(n * n for n in lengths)).values()) / seconds
 
 
+def _head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def attention_score_flops(config: Any, sq_tokens: int) -> float:
+    """The scores' share of :func:`flops_by_part`'s ``attention`` (``6 S d a L``, ``S = sum(len^2)``): the
+    work of the attention kernel itself, counted as verl counts it (the whole square; a causal kernel
+    computes about half of it)."""
+    return 6 * sq_tokens * _head_dim(config) * config.num_attention_heads * config.num_hidden_layers
+
+
 def flops_by_part(config: Any, tokens: int, sq_tokens: int) -> dict[str, float]:
     """Forward + backward FLOPs over ``tokens = sum(seqlens)`` with ``sq_tokens = sum(len^2)``, by the
     model part they belong to (verl's dense decoder formula; :func:`achieved_flops` is their sum per
@@ -72,11 +83,11 @@ def flops_by_part(config: Any, tokens: int, sq_tokens: int) -> dict[str, float]:
     if getattr(config, "model_type", None) not in DENSE_DECODERS:
         return {}
     hidden, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    head_dim = _head_dim(config)
     kv = config.num_key_value_heads * head_dim
     projections = hidden * (2 * heads * head_dim + 2 * kv) * layers
     return {
-        "attention": 6 * (projections * tokens + sq_tokens * head_dim * heads * layers),
+        "attention": 6 * projections * tokens + attention_score_flops(config, sq_tokens),
         "mlp": 6 * 3 * hidden * config.intermediate_size * layers * tokens,
         "lm_head": 6 * config.vocab_size * hidden * tokens,
         "embedding": 6 * config.vocab_size * hidden * tokens,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from repro.bench.profile_kernels import kernel_table, kind
+from repro.bench.profile_kernels import kernel_table, kind, phase_kernel_table
 
 
 def _kernel(name: str, ts: float, dur: float, cat: str = "kernel") -> dict:
@@ -44,3 +44,40 @@ def test_the_table_sums_device_time_by_kind_and_lists_the_longest_kernels() -> N
 
 def test_a_trace_without_kernels_has_no_table() -> None:
     assert kernel_table({"traceEvents": TRACE["traceEvents"][:1]}) == ""
+
+
+def _op(name: str, ts: float, dur: float, external: int | None = None, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1,
+            "args": {} if external is None else {"External id": external}}
+
+
+def _launched(name: str, ts: float, dur: float, external: int) -> dict:
+    return {**_kernel(name, ts, dur), "args": {"External id": external}}
+
+
+# Two ops inside dynamo's compiled region (the layers), one under the LM head's range: their kernels
+COMPILED_TRACE = {"traceEvents": [
+    _op("Torch-Compiled Region: 0/0", 0, 100),
+    _op("aten::mm", 1, 10, external=1),
+    _op("aten::_flash_attention_forward", 20, 10, external=2),
+    _op("triton_poi_fused_add_0", 40, 5, external=3),
+    _op("repro::lm_head", 200, 50, cat="user_annotation"),
+    _op("aten::mm", 201, 10, external=4),
+    _launched("nvjet_sm90_tst_128x288_NNT", 1, 3000, 1),
+    _launched("nvjet_sm90_tst_128x288_TNT", 3001, 1000, 1),
+    _launched("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128>>", 4001, 4000, 2),
+    _launched("triton_poi_fused_add_0", 8001, 2000, 3),
+    _launched("nvjet_sm90_tst_192x208_lm_head", 10001, 9000, 4),
+]}
+
+
+def test_one_phases_kernels_by_kind_stand_beside_each_kinds_ideal() -> None:
+    text = phase_kernel_table(COMPILED_TRACE, "compiled_layers", {"gemm": 2.0, "attention": 0.4})
+    lines = text.splitlines()
+    assert lines[0] == "| compiled_layers: kernel kind | device ms | share | kernels | ideal ms | ideal / measured |"
+    # 10 ms of the layers' kernels; the LM head's 9 ms gemm is not theirs
+    assert "| gemm | 4.000 | 40.0% | 2 | 2 | 50.0% |" in lines
+    assert "| attention | 4.000 | 40.0% | 1 | 0.4 | 10.0% |" in lines
+    assert "| triton | 2.000 | 20.0% | 1 | - | - |" in lines  # memory-bound: no ideal given
+    assert len(lines) == 5  # kinds with no kernel in the phase get no row
+    assert phase_kernel_table(COMPILED_TRACE, "optimizer") == ""

@@ -136,7 +136,9 @@ SHAPE = {"model_type": "qwen3", "hidden_size": 4, "num_hidden_layers": 1, "num_a
 def test_the_flop_columns_split_the_mfu_formula_by_phase() -> None:
     # tokens 8, squared lengths 34 (3 and 5), LM head on 4 positions: see tests/unit/rl/test_mfu.py
     f = flops(SimpleNamespace(**SHAPE), tokens=8, sq_tokens=34, lm_tokens=4)
-    assert f == {"attention": 3120, "mlp": 4608, "lm_head": 960, "embedding": 0, "mfu_total": 3120 + 4608 + 2 * 1920}
+    # attention's scores term alone, 6 * 34 * 2 * 2 * 1 = 816 (the compiled layers' attention kernels' ideal)
+    assert f == {"attention": 3120, "mlp": 4608, "lm_head": 960, "embedding": 0, "attention_scores": 816,
+                 "mfu_total": 3120 + 4608 + 2 * 1920}
     text = table(attribute(gpu_trace()), f, peak_tflops=1e-6)  # 1 MFLOP/s: 3120 FLOPs take 3.12 ms at peak
     lines = text.splitlines()
     assert lines[0] == "| phase | device ms | share | GFLOP | ideal ms | ideal / measured |"
