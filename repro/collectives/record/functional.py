@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 import torch.distributed.distributed_c10d as c10d
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 from repro.collectives.events import CallRecord
 from repro.collectives.record.patches import traced_wait
@@ -178,9 +180,6 @@ def _tracing_modes() -> bool:
 
 def _traced_tensors(args: tuple) -> bool:
     """Whether an argument is a tensor torch traces with (fake or functional), which never reaches the wire."""
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.functional_tensor import FunctionalTensor
-
     return any(isinstance(a, (FakeTensor, FunctionalTensor)) for a in args)
 
 
