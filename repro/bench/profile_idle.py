@@ -83,9 +83,9 @@ def _split(pieces: list[tuple[float, float, Any, str]], idle: list[tuple[float, 
     return dict(out)
 
 
-def idle_host(trace: dict[str, Any]) -> dict[str, Any] | None:
+def idle_host(trace: dict[str, Any] | Trace) -> dict[str, Any] | None:
     """``{"step_us", "idle_us", "by_op": {name: us}, "by_phase": {phase: us}}``; None without device events."""
-    t = Trace(trace)
+    t = Trace.of(trace)
     if not t.device or not t.cpu:
         return None
     start = min(e["ts"] for e in t.cpu)

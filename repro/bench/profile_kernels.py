@@ -65,10 +65,10 @@ def kernel_table(trace: dict[str, Any], top: int = 8) -> str:
     return "\n".join(lines)
 
 
-def phase_kernel_table(trace: dict[str, Any], phase: str, ideal_ms: dict[str, float] | None = None) -> str:
+def phase_kernel_table(trace: dict[str, Any] | Trace, phase: str, ideal_ms: dict[str, float] | None = None) -> str:
     """Markdown: the device time of ``phase``'s kernels (:meth:`Trace.kernel_phase`) by kind, each beside
     ``ideal_ms[kind]`` (ms at peak) where given; "" when the phase launched no kernel."""
-    t = Trace(trace)
+    t = Trace.of(trace)
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for k in t.device:
         if t.kernel_phase(k) == phase:

@@ -75,9 +75,9 @@ SHAPE_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_h
               "head_dim", "intermediate_size", "vocab_size")
 
 
-def attribute(trace: dict[str, Any]) -> dict[str, Any]:
+def attribute(trace: dict[str, Any] | Trace) -> dict[str, Any]:
     """``{"mode": "device" | "cpu", "step_us", "phases": {phase: us}, "overlapped_comm_us"}``."""
-    t = Trace(trace)
+    t = Trace.of(trace)
     pieces: list[tuple[float, float, str]] = []
     if t.device:
         mode = "device"
@@ -206,14 +206,15 @@ def report(trace_path: str | Path, meta: dict[str, Any] | None = None, peak_tflo
     (:mod:`repro.bench.profile_idle`) and the kernels by kind (:mod:`repro.bench.profile_kernels`);
     ``meta``: ``{"shape": ..., "tokens", "sq_tokens", "lm_tokens"?}`` (or None)."""
     raw = json.loads(Path(trace_path).read_text())
-    result = attribute(raw)
+    parsed = Trace(raw)  # once: the phases, the idle host and the compiled layers' kernels all read it
+    result = attribute(parsed)
     phase_flops = None
     if meta and meta.get("shape") is not None and meta.get("tokens") is not None:
         phase_flops = flops(shape_config(meta["shape"]), int(meta["tokens"]), int(meta.get("sq_tokens") or 0),
                             meta.get("lm_tokens"), bool(meta.get("forward_only")))
-    idle = idle_table(idle_host(raw))
+    idle = idle_table(idle_host(parsed))
     kernels = kernel_table(raw)
-    compiled = phase_kernel_table(raw, COMPILED, compiled_ideals(phase_flops, peak_tflops))
+    compiled = phase_kernel_table(parsed, COMPILED, compiled_ideals(phase_flops, peak_tflops))
     if compiled:
         compiled += ("\n\n- gemm's ideal: the layers' projections and MLP; attention's: the scores as verl counts them "
                      "(the whole square of each length; a causal kernel computes about half)")

@@ -60,6 +60,11 @@ class Trace:
                                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
         self._labels: dict[int, str] = {}
 
+    @classmethod
+    def of(cls, trace: dict[str, Any] | Trace) -> Trace:
+        """``trace`` parsed, or as it is when already parsed (a report reads one trace several ways)."""
+        return trace if isinstance(trace, Trace) else cls(trace)
+
     def _end(self, i: int) -> float:
         return self.cpu[i]["ts"] + self.cpu[i]["dur"]
 
