@@ -52,6 +52,7 @@ from repro.bench.shapes import make_model_dir, model_config
 from repro.bench.workdir import open_workdir
 from repro.bench.workers import _sync, add_case_process_args
 from repro.collectives.launch.launcher import free_port
+from repro.config.fields import FLASH_ATTENTION
 from repro.devices import on_cpu
 
 CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora", "rmpad_compiled")
@@ -92,6 +93,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
         arr.rollout.log_prob_micro_batch_size_per_gpu = args.micro
     if case.endswith("lora"):
         arr.model.lora_rank, arr.model.lora_alpha = 8, 16
+    arr.model.flash_attention = args.flash_attention
     if case.endswith("compiled"):
         arr.model.compile_layers = args.compile_backend  # the worker compiles them (repro.workers.layer_compile)
     # torch's AdamW by default: DeepSpeed's FusedAdam (the CUDA default of repro's config) is JIT-built on first use
@@ -179,6 +181,8 @@ def _child(args: argparse.Namespace) -> None:
         # CUDA, the log-prob chunks')
         "compiled_layers": compiled_layers(worker.engine.module),
         "overflow_check": overflow_check(worker.engine.engine.optimizer),
+        # read back from torch's flash attention registry: the kernels the varlen op dispatched to
+        "flash_attention": varlen.current_impl(),
         # the host's intra-op threads (OMP_NUM_THREADS, read back): the trainer's ranks run with one
         "intra_op_threads": torch.get_num_threads(),
         "compiled_graphs": captured_graphs(),
@@ -232,7 +236,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
         cmd.append("--infer")
     if args.host_ops:
         cmd.append("--host-ops")
-    cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend]
+    cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend, "--flash-attention", args.flash_attention]
     if args.profile:
         cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -279,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="RMSNorm form (repro.workers.rms_norm): auto = fused on CUDA in half precision")
     parser.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default="inductor",
                         help="torch.compile backend of the rmpad_compiled case (aot_eager: traced, no code generated)")
+    parser.add_argument("--flash-attention", choices=FLASH_ATTENTION, default="torch",
+                        help="model.flash_attention: torch's FlashAttention-2, or FlashAttention-4 (the gpu extra)")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
@@ -311,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
             upd = rows[-1]["update_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
-                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}", file=sys.stderr, flush=True)
+                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}, flash {rows[-1]['flash_attention']}",
+                  file=sys.stderr, flush=True)
             if "infer_s" in rows[-1]:
                 inf = rows[-1]["infer_each_s"]
                 print(f"# round {rnd} {case}: log-prob pass {rows[-1]['infer_s']:.3f} s (median of {len(inf)}: "

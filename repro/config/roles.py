@@ -8,6 +8,7 @@ from typing import Any
 from repro.config.engine import CheckpointConfig, DeepSpeedConfig, OptimConfig
 from repro.config.fields import (
     COMPILE_LAYERS,
+    FLASH_ATTENTION,
     GRADIENT_CHECKPOINTING,
     KL_LOSS_TYPES,
     POLICY_LOSS_MODES,
@@ -34,6 +35,11 @@ class ModelConfig:
     torch's kernels, bitwise the eager arithmetic). ZeRO-1/2 only. On one H100 at the 0.6B shape without checkpointing
     it made the update 1.18x faster (``results/actor_update/README.md``, session 16); under checkpointing it did not
     measurably pay."""
+    flash_attention: str = "torch"
+    """The FlashAttention kernels of remove-padding's packed attention on CUDA in half precision: ``torch`` (its bundled
+    FlashAttention-2) or ``fa4`` (FlashAttention-4 on Hopper/Blackwell, the ``gpu`` extra), process-wide through
+    torch's flash attention registry (``repro.workers.varlen.activate``); the engine report's ``flash_attention`` reads
+    back which ran. CPU runs and fp32 attend without them."""
     use_remove_padding: bool = False
     """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
@@ -53,6 +59,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _choice(self, "compile_layers", COMPILE_LAYERS)
+        _choice(self, "flash_attention", FLASH_ATTENTION)
         _choice(self, "enable_gradient_checkpointing", GRADIENT_CHECKPOINTING)
         if self.lora_rank < 0:
             _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")

@@ -69,6 +69,7 @@ class ActorWorker:
         module = load_hf_model(arr.model, torch_dtype(self.ds))
         self.sp = arr.actor.ulysses_sequence_parallel_size
         mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
+        varlen.activate(arr.model.flash_attention, torch_dtype(self.ds))
         self.varlen = self.remove_padding and self.sp == 1 and varlen.supported(torch_dtype(self.ds))
         if self.varlen:
             varlen.enable(module)

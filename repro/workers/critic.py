@@ -18,7 +18,7 @@ from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import plan_role_batch
 from repro.rl.algorithms import compute_value_loss, masked_mean
-from repro.workers import activation_checkpointing, checkpoint, layer_compile, ulysses
+from repro.workers import activation_checkpointing, checkpoint, layer_compile, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, memory_metrics, torch_dtype
 from repro.workers.mini_batches import forward_micro_batches, mean_update_stats, update_mini_batches
 from repro.workers.packing import pack
@@ -39,6 +39,7 @@ class CriticWorker:
         torch.manual_seed(cfg.trainer.seed)  # same value-head init on every rank and run
         module = load_hf_model(model_cfg, torch_dtype(self.ds), value_head=True)
         self.sp = cfg.critic.ulysses_sequence_parallel_size
+        varlen.activate(model_cfg.flash_attention, torch_dtype(self.ds))
         mpu = ulysses.enable(module, self.sp, "critic") if self.sp > 1 else None
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
                                  grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides, mpu=mpu)

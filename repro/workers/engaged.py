@@ -30,6 +30,8 @@ break that turns it red). Each entry is read from the object that does the work:
   ``requires_grad``;
 - ``sp``: the size of DeepSpeed's sequence-parallel process group (1 without one);
   ``attention``: the attention implementation the model runs (Ulysses' ``repro_ulysses_<role>``);
+  ``flash_attention``: the kernels behind torch's flash ops in this process, read back from torch's registry
+  (``torch``: its bundled FlashAttention-2; ``FA4``: ``model.flash_attention=fa4``, :mod:`repro.workers.varlen`);
   ``fused_rms_norms``: norms running torch's fused kernel (:mod:`repro.workers.rms_norm`; 0 on CPU);
   ``compiled_layers``: modules whose calls run under ``torch.compile`` (``model.compile_layers``);
   ``gradient_checkpointing``: whether the model's layers checkpoint (the flag Hugging Face sets on each), and
@@ -48,7 +50,7 @@ from typing import Any
 
 import torch
 
-from repro.workers import activation_checkpointing, rms_norm
+from repro.workers import activation_checkpointing, rms_norm, varlen
 from repro.workers.layer_compile import compiled_layers
 from repro.workers.overflow_check import overflow_check
 from repro.workers.placement import optimizer_placement, param_placement
@@ -140,6 +142,7 @@ def engine_report(role: Any) -> dict[str, Any]:
         "trainable_base_params": sum(1 for n, p in module.named_parameters() if p.requires_grad and ".lora_" not in n),
         "sp": _sp_size(engine),
         "attention": getattr(config, "_attn_implementation", None),
+        "flash_attention": varlen.current_impl(),
         "fused_rms_norms": rms_norm.fused_count(module),
         "compiled_layers": compiled_layers(module),
         "gradient_checkpointing": activation_checkpointing.in_use(module),

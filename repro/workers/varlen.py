@@ -14,6 +14,12 @@ tokens of a row's tail sit at position 0, each a one-token sample that no real t
 The boundaries are computed once per forward (two host syncs: their count and the longest) and reused by
 every layer, and by the recomputation of gradient checkpointing.
 
+The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``model.flash_attention=fa4``
+puts FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra)
+there through torch's flash attention registry (:func:`activate`): the varlen op, its backward and SDPA's flash
+path then run FA4 in this whole process, the module code here unchanged. On one H200, torch's FA2 kernels ran the
+0.6B shape's attention at about 11% of their ideal (``results/actor_update/README.md``, session 24).
+
 CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
 :func:`attention` as its core attention over the gathered sequence (:mod:`repro.workers.ulysses`)
 under the same conditions, whether or not the rows are packed.
@@ -100,6 +106,44 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             raise ValueError(f"{KEY} attention: this torch's varlen_attn has no scale argument (scaling={scaling})")
     out = fn(q, k, v, cu, cu, longest, longest, **extra)
     return out.view(b, length, heads, dim), None
+
+
+FLASH_IMPLS = {"torch": None, "fa4": "FA4"}
+"""``model.flash_attention`` -> the name of torch's flash attention registry (None: torch's bundled FA2)."""
+
+
+def current_impl() -> str:
+    """The flash kernels torch's flash ops dispatch to in this process, read back from torch's registry:
+    ``torch`` (its bundled FlashAttention-2) or the registry's name of the active one (``FA4``)."""
+    try:
+        from torch.nn.attention import current_flash_attention_impl
+    except ImportError:  # torch before the registry (2.10): only its own kernels
+        return "torch"
+    return current_flash_attention_impl() or "torch"
+
+
+def activate(choice: str, dtype: torch.dtype) -> str:
+    """Put ``model.flash_attention``'s kernels behind torch's flash ops for this process where a role of ``dtype``
+    can run them (:func:`supported`); the active ones read back.
+
+    Process-wide by torch's design (a dispatcher override): every role in the process attends with them. Called
+    again with the same choice it does nothing (torch's activation re-registers the kernels each time). Raises
+    ``RuntimeError`` naming the key when this torch has no registry or the kernels' package is missing.
+    """
+    name = FLASH_IMPLS[choice]
+    if name is None or not supported(dtype) or current_impl() == name:
+        return current_impl()
+    try:
+        from torch.nn.attention import activate_flash_attention_impl
+    except ImportError as e:
+        raise RuntimeError(f"model.flash_attention={choice}: torch {torch.__version__} has no flash attention "
+                           f"registry (torch.nn.attention.activate_flash_attention_impl); use 'torch'") from e
+    try:
+        activate_flash_attention_impl(name)
+    except ImportError as e:  # the registry imports the kernels' package on activation
+        raise RuntimeError(f"model.flash_attention={choice}: {e}; install the gpu extra "
+                           f"(pip install '.[gpu]': flash-attn-4) or use 'torch'") from e
+    return current_impl()
 
 
 def enable(model: torch.nn.Module) -> None:

@@ -335,3 +335,11 @@ def test_compiled_layers_are_refused_where_they_cannot_run_naming_both_keys(monk
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.compile_layers=.*max-autotune.* is not valid; "
                                          r"choose one of \['off', 'inductor', 'aot_eager'\]"):
         load(["actor_rollout_ref.model.compile_layers=max-autotune"])
+
+
+def test_flash_attention_names_torchs_kernels_or_fa4_and_nothing_else():
+    assert run_config(actor_rollout_ref__model__flash_attention="fa4").actor_rollout_ref.model.flash_attention == "fa4"
+    assert run_config(critic__model__flash_attention="fa4").critic.model.flash_attention == "fa4"
+    with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.flash_attention=.*FA3.* is not valid; "
+                                         r"choose one of \['torch', 'fa4'\]"):
+        load(["actor_rollout_ref.model.flash_attention=FA3"])

@@ -113,3 +113,17 @@ def test_the_varlen_key_makes_transformers_skip_mask_creation_and_its_packed_seq
     with pytest.raises(AssertionError, match="find_packed_sequence_indices ran"):
         masking_utils.create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None,
                                          past_key_values=None, position_ids=pos)
+
+
+def test_every_flash_attention_choice_names_a_kernel_set_of_torchs_registry():
+    from repro.config.fields import FLASH_ATTENTION
+
+    assert tuple(varlen.FLASH_IMPLS) == FLASH_ATTENTION
+    assert varlen.FLASH_IMPLS["torch"] is None  # torch's bundled FlashAttention-2: nothing to activate
+
+
+def test_fa4_is_not_activated_where_the_varlen_path_does_not_run():
+    # CPU and fp32 attend without flash kernels: activating FA4 there would import its CUDA-only package for nothing
+    assert varlen.activate("fa4", torch.bfloat16) == "torch"
+    assert varlen.activate("fa4", torch.float32) == "torch"
+    assert varlen.current_impl() == "torch"

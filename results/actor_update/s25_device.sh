@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 35, session 25, one H200: FlashAttention-4 behind torch's flash ops (model.flash_attention=fa4,
+# repro/workers/varlen.py) against torch's bundled FlashAttention-2 on form C. Session 24's split of the compiled
+# layers (results/actor_update/README.md) put the attention kernels at ~11% of their ideal, the kind farthest below
+# peak. First the GPU parity test of the FA4 path (tests/gpu_e2e/test_varlen_gpu.py), then form C with --infer in
+# fresh processes, fa4 torch fa4 torch (FA4 first: if it fails, the call says so early). One result line per
+# process is appended as it ends, so a cut call keeps what ran.
+# Wheels (the machine has no network; one call carries 64 MiB, so two calls within the 30 s the machine stays warm):
+#   call 1, carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
+#     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+#   call 2, carry [".whl5"]: OUT=$OUT bash results/actor_update/s25_device.sh
+# .whl4/.whl5: the two parts of nvidia-cutlass-dsl-libs-cu13 4.8.1 (92 MB) and flash-attn-4 4.0.0b36 with its other
+# requirements (nvidia-cutlass-dsl 4.8.1 base/core, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels; cuda-bindings,
+# cuda-pathfinder, einops, protobuf installed only where the image lacks them).
+set -u
+W=/tmp/s25_work
+mkdir -p "$W"
+cat /tmp/chunks/cu13.part.aa .whl5/cu13.part.ab > /tmp/chunks/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl5/fa4/*.whl \
+  /tmp/chunks/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
+for pair in cuda.bindings:cuda_bindings cuda.pathfinder:cuda_pathfinder einops:einops google.protobuf:protobuf; do
+  python3 -c "import ${pair%%:*}" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/site .whl5/maybe/${pair##*:}-*.whl
+done
+source results/actor_update/device_env.sh
+# pip --target does not run the .pth that puts the CuTe DSL's packages on the path
+export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
+python3 - >> "$O/env.txt" 2>&1 <<'PY'
+import importlib.metadata as md, torch, torch.nn.attention as a
+print("flash attention registry:", getattr(a, "list_flash_attention_impls", lambda: "none")())
+for d in ("flash-attn-4", "nvidia-cutlass-dsl", "cuda-bindings", "einops", "protobuf"):
+    try: print(d, md.version(d))
+    except md.PackageNotFoundError: print(d, "missing")
+import flash_attn.cute.interface
+print("flash_attn.cute.interface imported")
+PY
+REPRO_GPU_TESTS=1 timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu_e2e/test_varlen_gpu.py \
+  > "$O/gpu_test.txt" 2>&1
+echo "gpu test rc=$?" | tee -a "$O/summary.txt"
+tail -3 "$O/gpu_test.txt" >> "$O/summary.txt"
+i=0
+for impl in fa4 torch fa4 torch; do
+  i=$((i + 1))
+  OMP_NUM_THREADS=1 python3 -m repro.bench.rmpad --shape qwen3-0.6b --prompt 256 --response 512 --min-response 1 \
+    --micro 16 --gas 4 --workdir "$W/${impl}_$i" --cases rmpad_compiled --rounds 1 --steps 3 --budget 32768 \
+    --checkpointing off --adam fused --infer --flash-attention "$impl" --out "$W/t_$i.tsv" > "$W/log_$i.txt" 2>&1
+  rc=$?
+  echo "$i $impl rc=$rc $(grep -h '^# round' "$W/log_$i.txt")" | tee -a "$O/summary.txt"
+  [ $rc -eq 0 ] || tail -30 "$W/log_$i.txt" >> "$O/summary.txt"
+  for f in "$W/${impl}_$i"/run_*/rmpad_compiled_*.json; do echo "$i $impl $(cat "$f")"; done >> "$O/results.jsonl"
+done
