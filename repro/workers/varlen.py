@@ -27,10 +27,14 @@ under the same conditions, whether or not the rows are packed.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import inspect
 from typing import Any
 
 import torch
+
+from repro.workers import fa4_kernels
 
 KEY = "repro_varlen"
 ENABLED = True
@@ -134,15 +138,20 @@ def activate(choice: str, dtype: torch.dtype) -> str:
     if name is None or not supported(dtype) or current_impl() == name:
         return current_impl()
     try:
-        from torch.nn.attention import activate_flash_attention_impl
+        from torch.nn.attention import activate_flash_attention_impl, register_flash_attention_impl
+        from torch.nn.attention._fa4 import register_flash_attention_fa4
     except ImportError as e:
-        raise RuntimeError(f"model.flash_attention={choice}: torch {torch.__version__} has no flash attention "
-                           f"registry (torch.nn.attention.activate_flash_attention_impl); use 'torch'") from e
+        raise RuntimeError(f"model.flash_attention={choice}: torch {torch.__version__} has no FA4 in its flash "
+                           f"attention registry (torch.nn.attention.activate_flash_attention_impl); use 'torch'") from e
     try:
-        activate_flash_attention_impl(name)
-    except ImportError as e:  # the registry imports the kernels' package on activation
+        importlib.import_module(fa4_kernels.MODULE)  # here, not at the first attention call: a clear error up front
+    except ImportError as e:
         raise RuntimeError(f"model.flash_attention={choice}: {e}; install the gpu extra "
                            f"(pip install '.[gpu]': flash-attn-4) or use 'torch'") from e
+    # torch's glue with repro's adapter of the kernels' results in place of the package's module (fa4_kernels says why)
+    register_flash_attention_impl(name, register_fn=functools.partial(register_flash_attention_fa4,
+                                                                      module_path=fa4_kernels.__name__))
+    activate_flash_attention_impl(name)
     return current_impl()
 
 

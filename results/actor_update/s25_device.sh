@@ -3,7 +3,7 @@
 # repro/workers/varlen.py) against torch's bundled FlashAttention-2 on form C. Session 24's split of the compiled
 # layers (results/actor_update/README.md) put the attention kernels at ~11% of their ideal, the kind farthest below
 # peak. First the GPU parity test of the FA4 path (tests/gpu_e2e/test_varlen_gpu.py), then form C with --infer in
-# fresh processes, fa4 torch fa4 torch (FA4 first: if it fails, the call says so early). One result line per
+# fresh processes, fa4 torch fa4 (FA4 first: if it fails, the call says so early). One result line per
 # process is appended as it ends, so a cut call keeps what ran.
 # Wheels (the machine has no network; one call carries 64 MiB, so two calls within the 30 s the machine stays warm):
 #   call 1, carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
@@ -33,13 +33,15 @@ for d in ("flash-attn-4", "nvidia-cutlass-dsl", "cuda-bindings", "einops", "prot
     except md.PackageNotFoundError: print(d, "missing")
 import flash_attn.cute.interface
 print("flash_attn.cute.interface imported")
+import torch.nn.attention.varlen
+print("torch_attn::_varlen_attn", torch.ops.torch_attn._varlen_attn.default._schema)
 PY
 REPRO_GPU_TESTS=1 timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu_e2e/test_varlen_gpu.py \
   > "$O/gpu_test.txt" 2>&1
 echo "gpu test rc=$?" | tee -a "$O/summary.txt"
 tail -3 "$O/gpu_test.txt" >> "$O/summary.txt"
 i=0
-for impl in fa4 torch fa4 torch; do
+for impl in fa4 torch fa4; do
   i=$((i + 1))
   OMP_NUM_THREADS=1 python3 -m repro.bench.rmpad --shape qwen3-0.6b --prompt 256 --response 512 --min-response 1 \
     --micro 16 --gas 4 --workdir "$W/${impl}_$i" --cases rmpad_compiled --rounds 1 --steps 3 --budget 32768 \

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from conftest import require_cuda_gpus
+from repro.config.rules import flash_attention_refusal
 from repro.workers import varlen
 from repro.workers.logprob import token_log_probs
 from repro.workers.packing import pack
@@ -153,6 +154,12 @@ def test_fa4_kernels_give_block_causal_attention_and_gradients_as_close_as_torch
         pytest.skip("the gpu extra's flash-attn-4 is not installed (pip install '.[gpu]')")
     # samples as the 0.6B bench packs them (prompt up to 256 + response up to 512), and a one-token tail pad
     lengths = [700, 3, 257, 768, 1, 512, 64, 1]
+    if flash_attention_refusal(torch.__version__):
+        # the config refuses fa4 with this torch (repro.config.rules): its glue still refuses the backward. When a
+        # patch release mends it, this fails, and the refusal goes.
+        with pytest.raises(RuntimeError, match="FA4 flash_attention backward unsupported"):
+            _in_fresh_process("fa4", lengths)
+        return
     fa2, fa4 = _in_fresh_process("torch", lengths), _in_fresh_process("fa4", lengths)
     assert (fa2["impl"], fa4["impl"]) == ("torch", "FA4")  # read back from torch's registry in each process
     assert all(torch.equal(fa2[n], fa4[n]) for n in ("q", "k", "v", "grad_out"))  # the same inputs
