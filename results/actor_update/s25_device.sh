@@ -11,9 +11,10 @@
 #   call 1, carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
 #     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   call 2, carry [".whl5"]: OUT=$OUT bash results/actor_update/s25_device.sh
-# .whl4/.whl5: the two parts of nvidia-cutlass-dsl-libs-cu13 4.8.1 (92 MB) and flash-attn-4 4.0.0b36 with its other
-# requirements (nvidia-cutlass-dsl 4.8.1 base/core, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels; cuda-bindings,
-# cuda-pathfinder, einops, protobuf installed only where the image lacks them).
+# .whl4/.whl5 come from `bash scripts/fa4_wheels.sh` (flash-attn-4 4.0.0b36, nvidia-cutlass-dsl 4.8.1 with its CUDA 13
+# libraries split in two, and the rest of its requirements). The tree travels with each call: with results/, fixtures/
+# and repro/data/tiny_policy_weights/ (about 20 MB together) .whl5 does not fit, so session 25 moved them aside,
+# all but this script and device_env.sh, while it ran the calls (the test and the bench read none of them), and back.
 set -u
 W=/tmp/s25_work
 mkdir -p "$W"
