@@ -156,7 +156,8 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
             raise ValueError(f"{model_key}.compile_layers={model.compile_layers} with {ds_key}.zero_stage="
                              f"{ds.zero_stage}: {why}")
 
-    for model_key, model in [("actor_rollout_ref.model", arr.model)] + ([("critic.model", cfg.critic.model)] if use_critic else []):
+    models = [("actor_rollout_ref.model", arr.model)] + ([("critic.model", cfg.critic.model)] if use_critic else [])
+    for model_key, model in models:
         why = flash_attention_refusal(None) if model.flash_attention == "fa4" else None
         if why:
             raise ValueError(f"{model_key}.flash_attention=fa4: {why}")

@@ -17,8 +17,10 @@ every layer, and by the recomputation of gradient checkpointing.
 The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``model.flash_attention=fa4``
 puts FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra)
 there through torch's flash attention registry (:func:`activate`): the varlen op, its backward and SDPA's flash
-path then run FA4 in this whole process, the module code here unchanged. On one H200, torch's FA2 kernels ran the
-0.6B shape's attention at about 11% of their ideal (``results/actor_update/README.md``, session 24).
+path then run FA4 in this whole process, the module code here unchanged, as far as torch's glue takes them (torch
+2.11's ran FA4's forward on an H200 and refused its backward, so the config refuses ``fa4`` there:
+``repro.config.rules.flash_attention_refusal``). On one H200, torch's FA2 kernels ran the 0.6B shape's attention at
+about 11% of their ideal (``results/actor_update/README.md``, sessions 24-25).
 
 CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
 :func:`attention` as its core attention over the gathered sequence (:mod:`repro.workers.ulysses`)
