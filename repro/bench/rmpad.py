@@ -308,13 +308,6 @@ def main(argv: list[str] | None = None) -> int:
         if why:
             print(f"error: --cases rmpad_compiled: compiled decoder layers: {why}", file=sys.stderr)
             return 2
-    if args.flash_attention != "torch":
-        from repro.config.rules import flash_attention_refusal
-
-        why = flash_attention_refusal(None)
-        if why:
-            print(f"error: --flash-attention {args.flash_attention}: {why}", file=sys.stderr)
-            return 2
     workdir, run_dir = open_workdir(args.workdir, "repro_rmpad_")
     model_dir = make_model_dir(args.shape, workdir / f"model_{args.shape}")
     rows = []

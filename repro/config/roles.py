@@ -37,9 +37,10 @@ class ModelConfig:
     measurably pay."""
     flash_attention: str = "torch"
     """The FlashAttention kernels of remove-padding's packed attention on CUDA in half precision: ``torch`` (its bundled
-    FlashAttention-2) or ``fa4`` (FlashAttention-4 on Hopper/Blackwell, the ``gpu`` extra), process-wide through
-    torch's flash attention registry (``repro.workers.varlen.activate``); the engine report's ``flash_attention`` reads
-    back which ran. CPU runs and fp32 attend without them."""
+    FlashAttention-2) or ``fa4`` (FlashAttention-4 on Hopper/Blackwell, the ``gpu`` extra, with repro's glue:
+    ``repro.workers.fa4_kernels``), process-wide through torch's flash attention registry
+    (``repro.workers.varlen.activate``); the engine report's ``flash_attention`` reads back which ran.
+    CPU runs and fp32 attend without them."""
     use_remove_padding: bool = False
     """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False

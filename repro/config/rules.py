@@ -8,7 +8,6 @@ loader warns with them).
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import pathlib
@@ -56,24 +55,6 @@ def compile_refusal(zero_stage: int) -> str | None:
     if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
         # torch.compile reads it when called and then returns the function unchanged, without a word
         return "TORCHDYNAMO_DISABLE=1 makes torch.compile do nothing; unset it"
-    return None
-
-
-FA4_REFUSED_TORCH = ("2.11.",)
-"""torch releases whose FA4 glue refuses the backward of packed causal attention: torch 2.11.0's raised
-``FA4 flash_attention backward unsupported: windowed attention not supported`` on one H200 with causality as a window
-and as a flag alike (``results/actor_update/README.md``, session 25). torch 2.13's glue has no such refusal (read in
-its source, not run on a GPU)."""
-
-
-def flash_attention_refusal(torch_version: str | None) -> str | None:
-    """Why ``model.flash_attention=fa4`` cannot train with this torch (``None`` for the installed one), in one line;
-    None when nothing known stops it (activation still checks the registry and the package on the GPU)."""
-    if torch_version is None:
-        torch_version = importlib.metadata.version("torch")  # not imported: the driver need not load torch here
-    if torch_version.startswith(FA4_REFUSED_TORCH):
-        return (f"torch {torch_version}'s FA4 glue refuses the backward of packed causal attention "
-                "('windowed attention not supported', measured on an H200); use 'torch'")
     return None
 
 
@@ -155,12 +136,6 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
         if why:
             raise ValueError(f"{model_key}.compile_layers={model.compile_layers} with {ds_key}.zero_stage="
                              f"{ds.zero_stage}: {why}")
-
-    models = [("actor_rollout_ref.model", arr.model)] + ([("critic.model", cfg.critic.model)] if use_critic else [])
-    for model_key, model in models:
-        why = flash_attention_refusal(None) if model.flash_attention == "fa4" else None
-        if why:
-            raise ValueError(f"{model_key}.flash_attention=fa4: {why}")
 
     if cfg.trainer.resume_mode == "resume_path" and not cfg.trainer.resume_from_path:
         raise ValueError("trainer.resume_mode=resume_path needs trainer.resume_from_path")

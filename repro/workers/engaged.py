@@ -31,7 +31,7 @@ break that turns it red). Each entry is read from the object that does the work:
 - ``sp``: the size of DeepSpeed's sequence-parallel process group (1 without one);
   ``attention``: the attention implementation the model runs (Ulysses' ``repro_ulysses_<role>``);
   ``flash_attention``: the kernels behind torch's flash ops in this process, read back from torch's registry
-  (``torch``: its bundled FlashAttention-2; ``FA4``: ``model.flash_attention=fa4``, :mod:`repro.workers.varlen`);
+  (``torch``: its bundled FlashAttention-2; ``repro_fa4``: ``model.flash_attention=fa4``, :mod:`repro.workers.fa4_kernels`);
   ``fused_rms_norms``: norms running torch's fused kernel (:mod:`repro.workers.rms_norm`; 0 on CPU);
   ``compiled_layers``: modules whose calls run under ``torch.compile`` (``model.compile_layers``);
   ``gradient_checkpointing``: whether the model's layers checkpoint (the flag Hugging Face sets on each), and

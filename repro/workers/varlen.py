@@ -14,13 +14,12 @@ tokens of a row's tail sit at position 0, each a one-token sample that no real t
 The boundaries are computed once per forward (two host syncs: their count and the longest) and reused by
 every layer, and by the recomputation of gradient checkpointing.
 
-The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``model.flash_attention=fa4``
-puts FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra)
-there through torch's flash attention registry (:func:`activate`): the varlen op, its backward and SDPA's flash
-path then run FA4 in this whole process, the module code here unchanged, as far as torch's glue takes them (torch
-2.11's ran FA4's forward on an H200 and refused its backward, so the config refuses ``fa4`` there:
-``repro.config.rules.flash_attention_refusal``). On one H200, torch's FA2 kernels ran the 0.6B shape's attention at
-about 11% of their ideal (``results/actor_update/README.md``, sessions 24-25).
+The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``model.flash_attention=fa4`` puts
+FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra) there
+with repro's glue (:mod:`repro.workers.fa4_kernels`, through torch's flash attention registry: :func:`activate`): the
+varlen op, its backward and SDPA's flash path then run FA4 in this whole process, the module code here unchanged.
+On one H200, torch's FA2 kernels ran the 0.6B shape's attention at about 11% of their ideal
+(``results/actor_update/README.md``, sessions 24-25).
 
 CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
 :func:`attention` as its core attention over the gathered sequence (:mod:`repro.workers.ulysses`)
@@ -29,7 +28,6 @@ under the same conditions, whether or not the rows are packed.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 from typing import Any
@@ -114,13 +112,13 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return out.view(b, length, heads, dim), None
 
 
-FLASH_IMPLS = {"torch": None, "fa4": "FA4"}
+FLASH_IMPLS = {"torch": None, "fa4": fa4_kernels.NAME}
 """``model.flash_attention`` -> the name of torch's flash attention registry (None: torch's bundled FA2)."""
 
 
 def current_impl() -> str:
     """The flash kernels torch's flash ops dispatch to in this process, read back from torch's registry:
-    ``torch`` (its bundled FlashAttention-2) or the registry's name of the active one (``FA4``)."""
+    ``torch`` (its bundled FlashAttention-2) or the registry's name of the active one (``repro_fa4``: repro's FA4 glue)."""
     try:
         from torch.nn.attention import current_flash_attention_impl
     except ImportError:  # torch before the registry (2.10): only its own kernels
@@ -141,18 +139,15 @@ def activate(choice: str, dtype: torch.dtype) -> str:
         return current_impl()
     try:
         from torch.nn.attention import activate_flash_attention_impl, register_flash_attention_impl
-        from torch.nn.attention._fa4 import register_flash_attention_fa4
     except ImportError as e:
-        raise RuntimeError(f"model.flash_attention={choice}: torch {torch.__version__} has no FA4 in its flash "
-                           f"attention registry (torch.nn.attention.activate_flash_attention_impl); use 'torch'") from e
+        raise RuntimeError(f"model.flash_attention={choice}: torch {torch.__version__} has no flash attention registry "
+                           f"(torch.nn.attention.activate_flash_attention_impl); use 'torch'") from e
     try:
         importlib.import_module(fa4_kernels.MODULE)  # here, not at the first attention call: a clear error up front
     except ImportError as e:
         raise RuntimeError(f"model.flash_attention={choice}: {e}; install the gpu extra "
                            f"(pip install '.[gpu]': flash-attn-4) or use 'torch'") from e
-    # torch's glue with repro's adapter of the kernels' results in place of the package's module (fa4_kernels says why)
-    register_flash_attention_impl(name, register_fn=functools.partial(register_flash_attention_fa4,
-                                                                      module_path=fa4_kernels.__name__))
+    register_flash_attention_impl(name, register_fn=fa4_kernels.register)
     activate_flash_attention_impl(name)
     return current_impl()
 

@@ -16,8 +16,7 @@ import pytest
 import torch
 
 from conftest import require_cuda_gpus
-from repro.config.rules import flash_attention_refusal
-from repro.workers import varlen
+from repro.workers import fa4_kernels, varlen
 from repro.workers.logprob import token_log_probs
 from repro.workers.packing import pack
 
@@ -132,9 +131,20 @@ def _block_causal_attention_and_grads(choice: str, lengths: list[int]) -> dict:
     grad_out = torch.randn(1, t, heads, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
     out, _ = varlen.attention(None, q, k, v, None, scaling=dim ** -0.5, position_ids=pos)
     out.backward(grad_out)
-    return {"impl": impl, "out": out.detach().float().cpu(), "grad_out": grad_out.float().cpu(),
-            **{n: x.detach().float().cpu() for n, x in (("q", q), ("k", k), ("v", v))},
-            **{"d" + n: x.grad.float().cpu() for n, x in (("q", q), ("k", k), ("v", v))}}
+    # SDPA's own flash path (two dense causal rows) under the same activation: the same two aten ops, dense form
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dense = [torch.randn(2, heads, 384, dim, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+    qd, kd, vd = (x.requires_grad_() for x in dense[:3])
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no other backend: an error, not a silent switch
+        dense_out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+    dense_out.backward(dense[3])
+    cpu = {n: x.detach().float().cpu() for n, x in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out), ("out", out),
+                                                    ("dense_q", qd), ("dense_k", kd), ("dense_v", vd),
+                                                    ("dense_grad_out", dense[3]), ("dense_out", dense_out))}
+    grads = {"d" + n: x.grad.float().cpu() for n, x in (("q", q), ("k", k), ("v", v), ("dense_q", qd),
+                                                        ("dense_k", kd), ("dense_v", vd))}
+    return {"impl": impl, **cpu, **grads}
 
 
 def _in_fresh_process(choice: str, lengths: list[int]) -> dict:
@@ -154,24 +164,24 @@ def test_fa4_kernels_give_block_causal_attention_and_gradients_as_close_as_torch
         pytest.skip("the gpu extra's flash-attn-4 is not installed (pip install '.[gpu]')")
     # samples as the 0.6B bench packs them (prompt up to 256 + response up to 512), and a one-token tail pad
     lengths = [700, 3, 257, 768, 1, 512, 64, 1]
-    if flash_attention_refusal(torch.__version__):
-        # the config refuses fa4 with this torch (repro.config.rules): its glue still refuses the backward. When a
-        # patch release mends it, this fails, and the refusal goes.
-        with pytest.raises(RuntimeError, match="FA4 flash_attention backward unsupported"):
-            _in_fresh_process("fa4", lengths)
-        return
     fa2, fa4 = _in_fresh_process("torch", lengths), _in_fresh_process("fa4", lengths)
-    assert (fa2["impl"], fa4["impl"]) == ("torch", "FA4")  # read back from torch's registry in each process
-    assert all(torch.equal(fa2[n], fa4[n]) for n in ("q", "k", "v", "grad_out"))  # the same inputs
+    assert (fa2["impl"], fa4["impl"]) == ("torch", fa4_kernels.NAME)  # read back from torch's registry in each process
+    inputs = ("q", "k", "v", "grad_out")
+    assert all(torch.equal(fa2[p + n], fa4[p + n]) for p in ("", "dense_") for n in inputs)  # the same inputs
 
-    # the reference: the block-causal attention in fp32 (GQA by repeating K and V), its gradients by autograd
+    # the references in fp32, gradients by autograd: the packed rows' block-causal attention (GQA by repeating K and
+    # V), and the dense rows' causal attention
     q, k, v = (fa2[n].requires_grad_() for n in ("q", "k", "v"))
     block = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
     mask = (block[:, None] == block[None, :]) & torch.ones(len(block), len(block), dtype=torch.bool).tril()
     ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
                                                            attn_mask=mask).transpose(1, 2)
     ref.backward(fa2["grad_out"])
-    expected = {"out": ref.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+    qd, kd, vd = (fa2["dense_" + n].requires_grad_() for n in ("q", "k", "v"))
+    dense_ref = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
+    dense_ref.backward(fa2["dense_grad_out"])
+    expected = {"out": ref.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad, "dense_out": dense_ref.detach(),
+                "ddense_q": qd.grad, "ddense_k": kd.grad, "ddense_v": vd.grad}
 
     def rel(got: dict, name: str) -> float:
         return ((got[name] - expected[name]).norm() / expected[name].norm()).item()
@@ -179,9 +189,10 @@ def test_fa4_kernels_give_block_causal_attention_and_gradients_as_close_as_torch
     # Error model: both kernels take bf16 inputs, accumulate in fp32 and round their outputs to bf16 (relative
     # rounding 2^-8 each element, ~2^-9 in norm); the gradients add the rounding of P and dS to bf16 before their
     # matrix products. torch's FA2 on the same inputs measures this (printed); FA4 is held to 2x FA2's error plus
-    # one bf16 rounding (2^-8), a bound that a kernel attending across samples or dropping a sample's gradient
-    # misses by orders of magnitude (the FA2 test above shows the across-samples output error > 0.1).
-    for name in ("out", "dq", "dk", "dv"):
+    # one bf16 rounding (2^-8), a bound that a kernel attending across samples, or to nothing (FA2's causal window
+    # read as FA4's band: repro.workers.fa4_kernels), or dropping a sample's gradient misses by orders of magnitude
+    # (the FA2 test above shows the across-samples output error > 0.1).
+    for name in expected:
         e2, e4 = rel(fa2, name), rel(fa4, name)
         print(f"{name}: relative error FA2 {e2:.3g}, FA4 {e4:.3g}")
         assert e2 < 2 ** -6, f"{name}: torch's FA2 itself is off the fp32 reference ({e2:.3g})"

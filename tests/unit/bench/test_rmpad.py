@@ -1,4 +1,4 @@
-"""``repro.bench.rmpad``: a compiled case or FA4 it cannot run is refused before any worker starts."""
+"""``repro.bench.rmpad``: a compiled case it cannot run is refused before any worker starts."""
 
 from __future__ import annotations
 
@@ -20,18 +20,3 @@ def test_a_compiled_case_it_cannot_run_is_one_line_and_exit_2_before_any_worker(
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --cases rmpad_compiled: compiled decoder layers:") and part in err and "\n" not in err
     assert not any(tmp_path.iterdir())  # refused before the model folder is written
-
-
-def test_fa4_with_a_torch_that_refuses_its_backward_is_one_line_and_exit_2_before_any_worker(capsys, tmp_path,
-                                                                                             monkeypatch):
-    import importlib.metadata
-
-    from repro.config import rules
-
-    # the installed torch among those the rule refuses (torch 2.11, measured on an H200; CI runs another)
-    monkeypatch.setattr(rules, "FA4_REFUSED_TORCH", (importlib.metadata.version("torch"),))
-    assert rmpad.main(["--cases", "rmpad", "--shape", "tiny", "--flash-attention", "fa4",
-                       "--workdir", str(tmp_path)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: --flash-attention fa4: torch ") and "refuses the backward" in err and "\n" not in err
-    assert not any(tmp_path.iterdir())

@@ -345,21 +345,3 @@ def test_flash_attention_names_torchs_kernels_or_fa4_and_nothing_else():
         load(["actor_rollout_ref.model.flash_attention=FA3"])
 
 
-def test_fa4_is_refused_before_any_worker_with_the_torch_whose_glue_refuses_its_backward(monkeypatch):
-    import importlib.metadata
-    import re
-
-    from repro.config import rules
-
-    assert "2.11.0+cu130" in rules.flash_attention_refusal("2.11.0+cu130")  # the GPU machine's torch, measured
-    assert rules.flash_attention_refusal("2.13.0+cpu") is None
-    validate_run_config(run_config(actor_rollout_ref__model__flash_attention="fa4"))  # CI's torch: nothing known
-    # the installed torch among the refused ones: one line naming the key, for the actor's model and the critic's
-    installed = importlib.metadata.version("torch")
-    monkeypatch.setattr(rules, "FA4_REFUSED_TORCH", (installed,))
-    with pytest.raises(ValueError, match=rf"^actor_rollout_ref\.model\.flash_attention=fa4: torch {re.escape(installed)}'s FA4 "
-                                         r"glue refuses the backward .*; use 'torch'$"):
-        validate_run_config(run_config(actor_rollout_ref__model__flash_attention="fa4"))
-    with pytest.raises(ValueError, match=r"^critic\.model\.flash_attention=fa4: "):
-        validate_run_config(run_config(critic__model__flash_attention="fa4", algorithm__adv_estimator="gae"))
-    validate_run_config(run_config(algorithm__adv_estimator="gae"))  # the default kernels are never refused
