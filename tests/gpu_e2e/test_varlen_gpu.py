@@ -10,6 +10,7 @@ conftest otherwise pins DeepSpeed, and so the workers' device checks, to the CPU
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -118,6 +119,17 @@ def test_varlen_attention_equals_sdpa_with_the_block_causal_mask():
     assert err < 2e-2 and across > 0.1
 
 
+@contextlib.contextmanager
+def _kernels():
+    """The names of the GPU kernels that ran inside the block (torch.profiler): which kernels served the flash ops,
+    whatever the registry says."""
+    names: set[str] = set()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        yield names
+        torch.cuda.synchronize()
+    names.update(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
 def _block_causal_attention_and_grads(choice: str, lengths: list[int]) -> dict:
     """The varlen attention's output and q/k/v gradients at the 0.6B shape's heads (16 query, 8 KV, dim 128) with
     ``model.flash_attention=choice`` activated; run in a spawned process, since torch's registry swaps the flash
@@ -129,22 +141,23 @@ def _block_causal_attention_and_grads(choice: str, lengths: list[int]) -> dict:
     q, k, v = (torch.randn(1, h, t, dim, generator=gen, device="cuda", dtype=torch.bfloat16).requires_grad_()
                for h in (heads, kv_heads, kv_heads))
     grad_out = torch.randn(1, t, heads, dim, generator=gen, device="cuda", dtype=torch.bfloat16)
-    out, _ = varlen.attention(None, q, k, v, None, scaling=dim ** -0.5, position_ids=pos)
-    out.backward(grad_out)
+    with _kernels() as packed_kernels:
+        out, _ = varlen.attention(None, q, k, v, None, scaling=dim ** -0.5, position_ids=pos)
+        out.backward(grad_out)
     # SDPA's own flash path (two dense causal rows) under the same activation: the same two aten ops, dense form
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     dense = [torch.randn(2, heads, 384, dim, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
     qd, kd, vd = (x.requires_grad_() for x in dense[:3])
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no other backend: an error, not a silent switch
+    with _kernels() as dense_kernels, sdpa_kernel(SDPBackend.FLASH_ATTENTION):  # no silent other backend
         dense_out = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=True)
-    dense_out.backward(dense[3])
+        dense_out.backward(dense[3])
     cpu = {n: x.detach().float().cpu() for n, x in (("q", q), ("k", k), ("v", v), ("grad_out", grad_out), ("out", out),
                                                     ("dense_q", qd), ("dense_k", kd), ("dense_v", vd),
                                                     ("dense_grad_out", dense[3]), ("dense_out", dense_out))}
     grads = {"d" + n: x.grad.float().cpu() for n, x in (("q", q), ("k", k), ("v", v), ("dense_q", qd),
                                                         ("dense_k", kd), ("dense_v", vd))}
-    return {"impl": impl, **cpu, **grads}
+    return {"impl": impl, **cpu, **grads, "packed_kernels": packed_kernels, "dense_kernels": dense_kernels}
 
 
 def _in_fresh_process(choice: str, lengths: list[int]) -> dict:
@@ -166,6 +179,10 @@ def test_fa4_kernels_give_block_causal_attention_and_gradients_as_close_as_torch
     lengths = [700, 3, 257, 768, 1, 512, 64, 1]
     fa2, fa4 = _in_fresh_process("torch", lengths), _in_fresh_process("fa4", lengths)
     assert (fa2["impl"], fa4["impl"]) == ("torch", fa4_kernels.NAME)  # read back from torch's registry in each process
+    for path in ("packed_kernels", "dense_kernels"):  # on both paths FA4's own kernels ran, and none of torch's FA2
+        fa2_flash, fa4_own = {n for n in fa2[path] if "flash" in n.lower()}, fa4[path] - fa2[path]
+        print(f"{path}: FA2's {sorted(fa2_flash)}; with fa4 instead {sorted(fa4_own)}")
+        assert fa2_flash and fa4_own and not fa2_flash & fa4[path], path
     inputs = ("q", "k", "v", "grad_out")
     assert all(torch.equal(fa2[p + n], fa4[p + n]) for p in ("", "dense_") for n in inputs)  # the same inputs
 
