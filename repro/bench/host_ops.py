@@ -46,7 +46,10 @@ def host_ops(update) -> dict:
             continue
         frames, parent = [], e.cpu_parent
         while parent is not None and not is_op(parent):
-            frames.append(parent.name)  # Python frames (with_stack), innermost first
+            # Python frames (with_stack), innermost first; record_function ranges (repro's phases) are not frames:
+            # on the GPU machine's torch, which records no Python frame, they made ops under them torch's ``other``
+            if not getattr(parent, "is_user_annotation", False):
+                frames.append(parent.name)
             parent = parent.cpu_parent
         if parent is not None:
             continue  # inside another operator: part of its dispatch

@@ -258,6 +258,10 @@ def test_the_same_command_lines_with_good_inputs_pass(tmp_path, monkeypatch):
 
     make_inputs(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    # the GPU machine's image sets TORCH_CUDA_ARCH_LIST=9.0a, which preflight rightly refuses
+    # (test_cuda_arch_list_is_refused_exactly_when_deepspeeds_jit_builder_cannot_read_it):
+    # this test's inputs are the command line's, not the machine's
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     good = tmp_path / "good.parquet"
     cfg = load_config([f"data.train_files={good}", f"data.val_files={good}", f"trainer.output_dir={tmp_path / 'out'}",
                        f"trainer.default_local_dir={tmp_path / 'ck'}", "trainer.device=cuda"], config_name="grpo_tiny")
