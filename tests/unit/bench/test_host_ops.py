@@ -1,11 +1,13 @@
-"""``repro.bench.host_ops``: the device-sync tally (the sync debug mode's warnings, counted by the line that issued
-them)."""
+"""``repro.bench.host_ops``: the operators' issuers, and the device-sync tally (the sync debug mode's warnings,
+counted by the line that issued them)."""
 
 from __future__ import annotations
 
 import warnings
 
-from repro.bench.host_ops import sync_sites
+import torch
+
+from repro.bench.host_ops import NO_FRAME, host_ops, sync_sites
 
 SYNC = "called a synchronizing CUDA operation"  # torch's sync debug mode's message (c10/cuda/CUDAFunctions)
 
@@ -31,3 +33,22 @@ def test_syncs_are_counted_by_issuing_line_and_other_warnings_are_not():
 
 def test_no_sync_warning_is_zero_syncs():
     assert sync_sites(_caught(("unrelated", "/a.py", 1))) == (0, {})
+
+
+def _update():
+    x = torch.ones(4)
+    with torch.profiler.record_function("repro::optimizer"):  # a phase range, as repro's optimizer step has
+        x.mul_(2)
+    x.add_(1)
+
+
+def test_ops_without_a_python_frame_are_counted_as_such_under_a_phase_range_too():
+    # the GPU machine's profiler recorded no Python frame (results/cpu_suite_elsewhere/README.md, session 26); a
+    # record_function range above an op is not one, so the op is no frame's, not torch's own ``other``
+    counted = host_ops(_update, with_stack=False)
+    assert counted["host_ops_by"] == {NO_FRAME: counted["host_ops"]} and counted["host_ops"] >= 3, counted
+
+
+def test_with_python_frames_the_ops_are_this_test_modules():
+    counted = host_ops(_update)
+    assert NO_FRAME not in counted["host_ops_by"] and counted["host_ops"] >= 3, counted
