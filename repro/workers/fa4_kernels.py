@@ -100,7 +100,9 @@ class Glue:
                                   cu_seqlens_q=_int32(cum_seq_q) if varlen else None,
                                   cu_seqlens_k=_int32(cum_seq_k) if varlen else None,
                                   max_seqlen_q=int(max_q) if varlen else None,
-                                  max_seqlen_k=int(max_k) if varlen else None)
+                                  max_seqlen_k=int(max_k) if varlen else None,
+                                  # as aten's FA2 backward reads it: torch.use_deterministic_algorithms
+                                  deterministic=torch.are_deterministic_algorithms_enabled())
         return dq, dk, dv  # a learnable sink's gradient would come fourth: repro has none
 
     def register(self, dispatch_key: str = "CUDA") -> Handle:

@@ -7,6 +7,8 @@ only: ``tests/gpu_e2e/test_varlen_gpu.py`` holds them to the same reference ther
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -160,6 +162,35 @@ def test_dense_attention_through_the_glue_matches_causal_sdpa(glue_on_cpu):
     ref = _reference(q, k, v, [6, 6], grad_out, causal=True)
     for got, want in zip([out, *(x.grad for x in dense)], ref, strict=True):
         torch.testing.assert_close(got.flatten(0, 1), want, **TOL)
+
+
+def test_the_backward_is_deterministic_where_torch_is_asked_for_deterministic_algorithms():
+    seen = []
+
+    def recording_bwd(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return stand_in_bwd(*args, **kwargs)
+
+    handle = Glue(stand_in_fwd, recording_bwd).register("CPU")
+    try:
+        for deterministic in (False, True):
+            q, k, v, cu, grad_out = _packed([3, 4])
+            with _deterministic_algorithms(deterministic):
+                out, *_ = torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, 4, 4, 0.0, True, False)
+                out.backward(grad_out)
+    finally:
+        handle.remove()
+    assert seen == [False, True]  # as aten's FA2 backward reads it
+
+
+@contextlib.contextmanager
+def _deterministic_algorithms(on: bool):
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(on)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before)
 
 
 def test_what_fa4_cannot_run_is_refused_by_name(glue_on_cpu):
