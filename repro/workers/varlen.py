@@ -18,8 +18,8 @@ The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``m
 FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra) there
 with repro's glue (:mod:`repro.workers.fa4_kernels`, through torch's flash attention registry: :func:`activate`): the
 varlen op, its backward and SDPA's flash path then run FA4 in this whole process, the module code here unchanged.
-On one H200, torch's FA2 kernels ran the 0.6B shape's attention at about 11% of their ideal
-(``results/actor_update/README.md``, sessions 24-25).
+On one H200, torch's FA2 kernels ran the 0.6B shape's attention at about 11% of their ideal, FA4's at 15% in the
+update and 22% in the log-prob pass (``results/actor_update/README.md``, sessions 24-26).
 
 CPU runs and fp32 keep the exact ``sdpa``/``eager`` path. Ulysses sequence parallelism uses
 :func:`attention` as its core attention over the gathered sequence (:mod:`repro.workers.ulysses`)
