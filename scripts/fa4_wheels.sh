@@ -2,8 +2,8 @@
 # The FlashAttention-4 payload for the GPU machine (no network there; one device call carries 64 MiB with the tree):
 # flash-attn-4 with its requirements as wheels for its Python 3.12 / x86_64 / CUDA 13 image, split over two
 # git-ignored folders. .whl4: the first 56 MB of nvidia-cutlass-dsl-libs-cu13 (92 MB); .whl5: the rest of it,
-# the other wheels in fa4/, and in maybe/ those the image may already hold (results/actor_update/s25_device.sh
-# installs them only where an import fails). The versions are those run on an H200 in session 25
+# the other wheels in fa4/, and in maybe/ those the image may already hold (scripts/fa4_install.sh installs them
+# on the device only where an import fails). The versions are those run on an H200 in session 25
 # (results/actor_update/README.md). Run from the project root on a machine that reaches PyPI (about 20 s):
 #   bash scripts/fa4_wheels.sh
 set -euo pipefail

@@ -19,17 +19,8 @@ START=$(date +%s)
 BUDGET=${BUDGET:-560}
 W=/tmp/s26_work
 mkdir -p "$W"
-if [ ! -d /tmp/site/flash_attn ]; then
-  cat /tmp/chunks/cu13.part.aa .whl5/cu13.part.ab > /tmp/chunks/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl5/fa4/*.whl \
-    /tmp/chunks/nvidia_cutlass_dsl_libs_cu13-4.8.1-cp312-cp312-manylinux_2_28_x86_64.whl
-  for pair in cuda.bindings:cuda_bindings cuda.pathfinder:cuda_pathfinder einops:einops google.protobuf:protobuf; do
-    python3 -c "import ${pair%%:*}" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --no-compile \
-      --target /tmp/site .whl5/maybe/${pair##*:}-*.whl
-  done
-fi
+bash scripts/fa4_install.sh  # the payload, once per warm machine (inline when session 26 ran it: the same steps)
 source results/actor_update/device_env.sh
-# pip --target does not run the .pth that puts the CuTe DSL's packages on the path
 export PYTHONPATH=$PYTHONPATH:/tmp/site/nvidia_cutlass_dsl/dsl_packages
 python3 - >> "$O/env.txt" 2>&1 <<'PY'
 import importlib.metadata as md
