@@ -8,6 +8,7 @@ only: ``tests/gpu_e2e/test_varlen_gpu.py`` holds them to the same reference ther
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import pytest
 import torch
@@ -191,6 +192,19 @@ def _deterministic_algorithms(on: bool):
         yield
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize(("op", "method"), [("_flash_attention_forward", Glue.forward),
+                                          ("_flash_attention_backward", Glue.backward)])
+def test_the_glue_takes_every_argument_of_this_torchs_schema_by_the_same_name(op, method):
+    # the dispatcher passes positional arguments by position and keyword-only ones by name: a torch release adding a
+    # keyword to the op would make the registered kernel fail at its first call
+    schema = getattr(torch.ops.aten, op).default._schema
+    params = list(inspect.signature(method).parameters.values())[1:]  # after self
+    positional = [p.name for p in params if p.kind is p.POSITIONAL_OR_KEYWORD]
+    keyword = {p.name for p in params if p.kind is p.KEYWORD_ONLY}
+    assert [a.name for a in schema.arguments if not a.kwarg_only] == positional
+    assert {a.name for a in schema.arguments if a.kwarg_only} <= keyword
 
 
 def test_what_fa4_cannot_run_is_refused_by_name(glue_on_cpu):
