@@ -4,9 +4,9 @@
 # layers (results/actor_update/README.md) put the attention kernels at ~11% of their ideal, the kind farthest below
 # peak. First the GPU parity test of the FA4 path (tests/gpu_e2e/test_varlen_gpu.py), then form C with --infer in
 # fresh processes, fa4 torch fa4 (FA4 first: if it fails, the call says so early). One result line per
-# process is appended as it ends, so a cut call keeps what ran. Since then the bench refuses --flash-attention fa4
-# with torch 2.11 before any worker (what these calls measured: repro.config.rules.flash_attention_refusal), so the
-# fa4 runs here now stop at once; the GPU test asserts torch's refusal instead.
+# process is appended as it ends, so a cut call keeps what ran. Session 25 then refused fa4 with torch 2.11 (what
+# these calls measured); session 26 replaced torch's FA4 glue with repro's (repro/workers/fa4_kernels.py), so this
+# script now runs that glue: results/actor_update/s26_device.sh is its successor.
 # Wheels (the machine has no network; one call carries 64 MiB, so two calls within the 30 s the machine stays warm):
 #   call 1, carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
 #     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
