@@ -343,5 +343,3 @@ def test_flash_attention_names_torchs_kernels_or_fa4_and_nothing_else():
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.model\.flash_attention=.*FA3.* is not valid; "
                                          r"choose one of \['torch', 'fa4'\]"):
         load(["actor_rollout_ref.model.flash_attention=FA3"])
-
-
