@@ -47,6 +47,8 @@ import sys
 import time
 from pathlib import Path
 
+from repro.bench import gc_pauses
+from repro.bench.gc_pauses import GcPauses
 from repro.bench.host_ops import host_ops
 from repro.bench.shapes import make_model_dir, model_config
 from repro.bench.workdir import open_workdir
@@ -147,9 +149,10 @@ def _child(args: argparse.Namespace) -> None:
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
-    times = _timed(args, lambda: worker.update_policy(batch), reset_peak=True)
+    times, pauses = _timed(args, lambda: worker.update_policy(batch), reset_peak=True)
     # the old-log-prob pass as verl's trainer runs it (entropy on, no gradient), timed the same way
-    infer = [] if not args.infer else _timed(args, lambda: worker.compute_log_prob(batch, calculate_entropy=True))
+    infer, infer_pauses = ([], []) if not args.infer else _timed(
+        args, lambda: worker.compute_log_prob(batch, calculate_entropy=True))
     host = host_ops(lambda: worker.update_policy(batch)) if args.host_ops else {}
     if args.profile:
         _profile(args, worker, batch)
@@ -166,6 +169,8 @@ def _child(args: argparse.Namespace) -> None:
         # every timed update: A/B runs of one tree differed by up to 25% between processes (results/actor_update,
         # session 15), so a reader must see whether an update's spread or a process's placement made a median
         "update_s": times[args.warmup:],
+        # the host's garbage-collection pauses in each timed update (and pass): repro.bench.gc_pauses; --gc's policy
+        "gc": args.gc, **_gc_row("", pauses), **_gc_row("infer_", infer_pauses),
         "real_tokens_per_s": float(batch["attention_mask"].sum()) / step_s,
         # perf/mfu/actor over the whole batch and the median update
         "mfu": mfu(config, lengths, step_s, device),
@@ -191,21 +196,32 @@ def _child(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(row))
 
 
-def _timed(args: argparse.Namespace, call, reset_peak: bool = False) -> list[float]:
+def _timed(args: argparse.Namespace, call, reset_peak: bool = False) -> tuple[list[float], list[GcPauses]]:
     """Seconds of each of ``warmup + steps`` calls, the device drained before and after each (peak memory counted
-    from the first timed call when ``reset_peak``)."""
+    from the first timed call when ``reset_peak``; ``--gc``'s policy set after the warm-up), and the garbage
+    collections in each timed call."""
     import torch
 
-    times = []
+    times, pauses = [], []
     for i in range(args.warmup + args.steps):
-        if reset_peak and i == args.warmup and torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
+        if i == args.warmup:
+            gc_pauses.apply(args.gc)
+            if reset_peak and torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()
         _sync()
-        start = time.perf_counter()
-        call()
-        _sync()
-        times.append(time.perf_counter() - start)
-    return times
+        with GcPauses() as collections:
+            start = time.perf_counter()
+            call()
+            _sync()
+            times.append(time.perf_counter() - start)
+        if i >= args.warmup:
+            pauses.append(collections)
+    return times, pauses
+
+
+def _gc_row(prefix: str, pauses: list[GcPauses]) -> dict:
+    """Each timed call's collections: seconds (all generations) and full (generation-2) collections."""
+    return {f"{prefix}gc_s": [p.total_seconds() for p in pauses], f"{prefix}gc_full": [p.count[2] for p in pauses]}
 
 
 def _profile(args: argparse.Namespace, worker, batch: dict) -> None:
@@ -231,7 +247,7 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
            "--response", str(args.response), "--min-response", str(args.min_response), "--micro", str(args.micro),
            "--gas", str(args.gas), "--steps", str(args.steps), "--warmup", str(args.warmup),
            "--zero-stage", str(args.zero_stage), "--budget", str(args.budget), "--checkpointing", args.checkpointing,
-           "--logprob", args.logprob, "--adam", args.adam, "--overflow-check", args.overflow_check]
+           "--logprob", args.logprob, "--adam", args.adam, "--overflow-check", args.overflow_check, "--gc", args.gc]
     if args.infer:
         cmd.append("--infer")
     if args.host_ops:
@@ -285,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile backend of the rmpad_compiled case (aot_eager: traced, no code generated)")
     parser.add_argument("--flash-attention", choices=FLASH_ATTENTION, default="torch",
                         help="model.flash_attention: torch's FlashAttention-2, or FlashAttention-4 (the gpu extra)")
+    parser.add_argument("--gc", choices=gc_pauses.POLICIES, default="default",
+                        help="Python's garbage collection in the timed calls (repro.bench.gc_pauses): Python's own, "
+                             "or gc.freeze() after the warm-up")
     parser.add_argument("--steps", type=int, default=3, help="measured updates per case (median)")
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=2, help="cases alternated this many times")
@@ -316,8 +335,10 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_launch(args, case, model_dir, run_dir, rnd))
             compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
             upd = rows[-1]["update_s"]
+            gcs = rows[-1]["gc_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
-                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}, flash {rows[-1]['flash_attention']}",
+                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}, flash {rows[-1]['flash_attention']}, "
+                  f"GC ({rows[-1]['gc']}) {max(gcs):.3f} s at most in an update, {sum(rows[-1]['gc_full'])} full",
                   file=sys.stderr, flush=True)
             if "infer_s" in rows[-1]:
                 inf = rows[-1]["infer_each_s"]

@@ -28,6 +28,7 @@ under the same conditions, whether or not the rows are packed.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from typing import Any
@@ -86,13 +87,26 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if dropout or sliding_window:
         raise ValueError(f"{KEY} attention supports neither dropout nor a sliding window "
                          f"(got dropout={dropout}, sliding_window={sliding_window})")
-    fn = _varlen_attn()
-    params = inspect.signature(fn).parameters
     cu, longest = _boundaries(kwargs["position_ids"])
     b, heads, length, dim = query.shape
     q = query.transpose(1, 2).reshape(b * length, heads, dim)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], dim)
     v = value.transpose(1, 2).reshape(b * length, value.shape[1], dim)
+    return packed(q, k, v, cu, longest, scaling).view(b, length, heads, dim), None
+
+
+@functools.cache
+def _params(fn: Any) -> Any:
+    return inspect.signature(fn).parameters
+
+
+def packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
+           scaling: float | None = None) -> torch.Tensor:
+    """torch's ``varlen_attn`` over ``[total, heads, dim]`` q/k/v, causal within each sample of ``cu``: the call
+    :func:`attention` makes (and ``python -m repro.bench.attention_calls`` times)."""
+    fn = _varlen_attn()
+    params = _params(fn)
+    heads, dim = q.shape[1], q.shape[2]
     extra: dict[str, Any] = {}
     # Fewer KV heads than query heads go to FlashAttention as they are: its kernels share each KV head among its
     # group of query heads (and sum their gradients). torch versions whose varlen_attn has no enable_gqa pass the
@@ -108,8 +122,7 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
             extra["scale"] = scaling
         elif abs(scaling - dim ** -0.5) > 1e-12:
             raise ValueError(f"{KEY} attention: this torch's varlen_attn has no scale argument (scaling={scaling})")
-    out = fn(q, k, v, cu, cu, longest, longest, **extra)
-    return out.view(b, length, heads, dim), None
+    return fn(q, k, v, cu, cu, longest, longest, **extra)
 
 
 FLASH_IMPLS = {"torch": None, "fa4": fa4_kernels.NAME}
