@@ -6,6 +6,8 @@ on): the number depends on the model's depth and the batch split, not on its wid
 
 from __future__ import annotations
 
+import re
+
 from repro.devices import on_cpu
 
 _OWNERS = (("deepspeed/", "deepspeed"), ("repro/", "repro"), ("transformers/", "transformers"))
@@ -48,9 +50,7 @@ def host_ops(update, with_stack: bool = True) -> dict:
             continue
         frames, parent = [], e.cpu_parent
         while parent is not None and not is_op(parent):
-            # Python frames (with_stack), innermost first; record_function ranges (repro's phases) are not frames:
-            # on the GPU machine's torch, which records no Python frame, they made ops under them torch's ``other``
-            if not getattr(parent, "is_user_annotation", False):
+            if is_python_frame(parent):  # innermost first
                 frames.append(parent.name)
             parent = parent.cpu_parent
         if parent is not None:
@@ -65,6 +65,21 @@ def host_ops(update, with_stack: bool = True) -> dict:
     syncs, sites = _device_syncs(update)
     return {"host_ops": sum(by.values()), "host_ops_by": dict(by.most_common()),
             "host_ops_top": dict(frames_by.most_common(12)), "host_syncs": syncs, "host_sync_sites": sites}
+
+
+def is_python_frame(event) -> bool:
+    """Whether a profiler event above an op is a Python frame (``with_stack``), not a range such as repro's phases
+    (``record_function``), torch's ``Optimizer.step#AdamW.step`` or an autograd node (``AddmmBackward0``). torch 2.13
+    flags frames (``is_python_function``); the GPU machine's torch 2.11 has no such flag and records no Python frame,
+    and there the ops under its ranges and nodes were counted as torch's ``other`` (sessions 26 and 27). Without the
+    flag, a frame is known by the name torch's Python tracer gives it: ``file(line): function`` or ``<built-in ...>``."""
+    flag = getattr(event, "is_python_function", None)
+    if flag is not None:
+        return bool(flag)
+    return _FRAME_NAME.search(event.name) is not None
+
+
+_FRAME_NAME = re.compile(r"\(\d+\): |^<built-in ")
 
 
 def sync_sites(caught: list) -> tuple[int, dict[str, int]]:
@@ -91,3 +106,25 @@ def _device_syncs(update) -> tuple[int | str, dict[str, int]]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sync_sites(caught)
+
+
+def profiler_gives_python_frames() -> bool:
+    """Whether this torch's profiler (``with_stack``) puts a Python frame above an op called from Python: torch 2.13 on
+    Python 3.11 does; the GPU machine's torch 2.11 on Python 3.12 did not (``results/cpu_suite_elsewhere/README.md``,
+    sessions 26-27), so there every op's issuer is :data:`NO_FRAME`."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def caller_frame_marker() -> torch.Tensor:
+        return torch.ones(3) * 2
+
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        caller_frame_marker()
+    for e in prof.events():
+        if e.name == "aten::mul":
+            frames, parent = [], e.cpu_parent
+            while parent is not None:
+                frames.append(parent.name)
+                parent = parent.cpu_parent
+            return any("caller_frame_marker" in f for f in frames)
+    raise AssertionError("the probe's multiplication was not profiled")

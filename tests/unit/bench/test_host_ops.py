@@ -4,10 +4,12 @@ counted by the line that issued them)."""
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from repro.bench.host_ops import NO_FRAME, host_ops, sync_sites
+from repro.bench.host_ops import NO_FRAME, host_ops, is_python_frame, profiler_gives_python_frames, sync_sites
 
 SYNC = "called a synchronizing CUDA operation"  # torch's sync debug mode's message (c10/cuda/CUDAFunctions)
 
@@ -49,6 +51,24 @@ def test_ops_without_a_python_frame_are_counted_as_such_under_a_phase_range_too(
     assert counted["host_ops_by"] == {NO_FRAME: counted["host_ops"]} and counted["host_ops"] >= 3, counted
 
 
+@pytest.mark.skipif(not profiler_gives_python_frames(), reason="this torch's profiler records no Python frame (the "
+                    "GPU machine's torch 2.11 on Python 3.12; the test above covers that case)")
 def test_with_python_frames_the_ops_are_this_test_modules():
     counted = host_ops(_update)
     assert NO_FRAME not in counted["host_ops_by"] and counted["host_ops"] >= 3, counted
+
+
+def test_only_python_frames_are_frames_whatever_the_range_flags_say():
+    # the GPU machine's torch 2.11 counted 64 ops of one tiny update as ``other``: ranges and autograd nodes above them
+    # (``Optimizer.step#AdamW.step``, ``AddmmBackward0``), on a torch with no is_python_function flag (session 27)
+    def event(name: str = "x", **flags):
+        return SimpleNamespace(name=name, **flags)
+
+    assert is_python_frame(event(is_python_function=True, is_user_annotation=False))
+    assert not is_python_frame(event(is_python_function=False, is_user_annotation=False))
+    assert not is_python_frame(event(is_python_function=False, is_user_annotation=True))
+    # torch 2.11: no is_python_function; a frame by its tracer's name, nothing else
+    assert is_python_frame(event("repro/workers/actor.py(212): update_policy", is_user_annotation=False))
+    assert is_python_frame(event("<built-in method mul of Tensor object at 0x7f>", is_user_annotation=False))
+    for name in ("AddmmBackward0", "torch::autograd::AccumulateGrad", "Optimizer.step#AdamW.step", "repro::optimizer"):
+        assert not is_python_frame(event(name, is_user_annotation=False)), name

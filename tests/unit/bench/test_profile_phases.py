@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from repro.bench import profile_phases
-from repro.bench.host_ops import NO_FRAME
+from repro.bench.host_ops import NO_FRAME, profiler_gives_python_frames
 from repro.bench.profile_phases import attribute, flops, main, table
 from repro.bench.rmpad import make_batch
 from repro.bench.shapes import model_config
@@ -193,26 +193,6 @@ def test_the_cli_reads_shape_and_counts_from_the_json_beside_the_trace(tmp_path:
     assert (tmp_path / "phases.md").read_text() == out
 
 
-def _profiler_gives_python_frames() -> bool:
-    """Whether this torch's profiler (``with_stack``) puts a Python frame above an op called from Python."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    def caller_frame_marker() -> torch.Tensor:
-        return torch.ones(3) * 2
-
-    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
-        caller_frame_marker()
-    for e in prof.events():
-        if e.name == "aten::mul":
-            frames, parent = [], e.cpu_parent
-            while parent is not None:
-                frames.append(parent.name)
-                parent = parent.cpu_parent
-            return any("caller_frame_marker" in f for f in frames)
-    raise AssertionError("the probe's multiplication was not profiled")
-
-
 @pytest.mark.slow
 def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_path: Path) -> None:
     """rmpad's CPU smoke run with ``--profile``: hooks, ranges and the analysis on a real trace."""
@@ -276,7 +256,7 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     issuers = re.search(r"host ops by issuer (\{.*\})", done.stderr)
     assert issuers, done.stderr
     by = ast.literal_eval(issuers[1])
-    if _profiler_gives_python_frames():
+    if profiler_gives_python_frames():
         assert {"deepspeed", "repro", "transformers", "autograd"} <= set(by) and NO_FRAME not in by, done.stderr
     else:  # the GPU machine's profiler (torch 2.11, Python 3.12): said so, not counted as torch's own ops
         assert set(by) == {NO_FRAME, "autograd"}, done.stderr
