@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --impls {bad[0]!r} is not valid; choose from {list(FLASH_ATTENTION)}", file=sys.stderr)
         return 2
     if on_cpu():
-        print("error: repro.bench.attention_calls times CUDA kernels; this machine has no GPU", file=sys.stderr)
+        print("error: repro.bench.attention_calls times CUDA kernels; this process runs on CPU (no CUDA device, or "
+              "DS_ACCELERATOR=cpu)", file=sys.stderr)
         return 2
     from repro.bench.shapes import model_config
 

@@ -209,6 +209,9 @@ def test_one_real_update_of_the_tiny_model_on_cpu_is_split_into_its_phases(tmp_p
     result_row = json.loads((runs[0] / "padded_0.json").read_text())
     timed = result_row["update_s"]
     assert len(timed) == 1 and "(median of 1: " in done.stderr, done.stderr[-2000:]
+    # each timed update's and pass's garbage collections kept beside its time (repro.bench.gc_pauses)
+    assert result_row["gc"] == "default" and len(result_row["gc_s"]) == len(result_row["gc_full"]) == 1, result_row
+    assert len(result_row["infer_gc_s"]) == 1 and "GC (default) " in done.stderr, done.stderr[-2000:]
     # --checkpointing off reached the model the engine trained
     assert result_row["checkpointing"] is False and result_row["optimizer"] == "AdamW", result_row
     # MFU: verl's formula over the batch's real tokens at the median update, against a CPU's 448 GFLOP/s
