@@ -21,15 +21,11 @@ from repro.config.fields import (
 
 
 @dataclass
-class ModelConfig:
-    path: str = "tiny"
-    """Hugging Face model directory, or ``tiny`` for the built-in tiny Qwen3 arithmetic policy."""
-    tokenizer_path: str | None = None
-    """Tokenizer directory; defaults to ``path``."""
-    enable_gradient_checkpointing: bool | str = False
-    """Activation checkpointing in the transformer blocks: ``true``, ``false``, or ``auto``: on only where the largest
-    micro-batch's activations would not fit in the device's free memory, measured at the role's first update
-    (:mod:`repro.workers.activation_checkpointing`; the engine report's ``gradient_checkpointing`` says which)."""
+class LayerKernels:
+    """How the decoder layers run: compiled or not, and whose FlashAttention kernels. A model section's keys in repro's
+    trainer (``actor_rollout_ref.model``, ``critic.model``) and an engine section's in verl's
+    (``actor_rollout_ref.actor.deepspeed``...: ``repro.integrations.verl.engine_keys``), defined and validated here."""
+
     compile_layers: str = "off"
     """``off``, or the ``torch.compile`` backend of every decoder layer (``inductor``; ``aot_eager``: traced, run by
     torch's kernels, bitwise the eager arithmetic). ZeRO-1/2 only. On one H100 at the 0.6B shape without checkpointing
@@ -41,6 +37,24 @@ class ModelConfig:
     ``repro.workers.fa4_kernels``), process-wide through torch's flash attention registry
     (``repro.workers.varlen.activate``); the engine report's ``flash_attention`` reads back which ran.
     CPU runs and fp32 attend without them."""
+
+    def __post_init__(self) -> None:
+        _choice(self, "compile_layers", COMPILE_LAYERS)
+        _choice(self, "flash_attention", FLASH_ATTENTION)
+
+
+@dataclass
+class ModelConfig(LayerKernels):
+    """A role's model section (``actor_rollout_ref.model``, ``critic.model``), its layer keys :class:`LayerKernels`'."""
+
+    path: str = "tiny"
+    """Hugging Face model directory, or ``tiny`` for the built-in tiny Qwen3 arithmetic policy."""
+    tokenizer_path: str | None = None
+    """Tokenizer directory; defaults to ``path``."""
+    enable_gradient_checkpointing: bool | str = False
+    """Activation checkpointing in the transformer blocks: ``true``, ``false``, or ``auto``: on only where the largest
+    micro-batch's activations would not fit in the device's free memory, measured at the role's first update
+    (:mod:`repro.workers.activation_checkpointing`; the engine report's ``gradient_checkpointing`` says which)."""
     use_remove_padding: bool = False
     """Forward on each micro-batch's real tokens packed into rows (position_ids only; repro.workers.packing)."""
     trust_remote_code: bool = False
@@ -59,8 +73,7 @@ class ModelConfig:
     """Modules never adapted (peft's exclude_modules), or None."""
 
     def __post_init__(self) -> None:
-        _choice(self, "compile_layers", COMPILE_LAYERS)
-        _choice(self, "flash_attention", FLASH_ATTENTION)
+        super().__post_init__()
         _choice(self, "enable_gradient_checkpointing", GRADIENT_CHECKPOINTING)
         if self.lora_rank < 0:
             _fail(self, "lora_rank", "must be >= 0 (0 disables LoRA)")

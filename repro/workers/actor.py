@@ -69,10 +69,8 @@ class ActorWorker:
         module = load_hf_model(arr.model, torch_dtype(self.ds))
         self.sp = arr.actor.ulysses_sequence_parallel_size
         mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
-        varlen.activate(arr.model.flash_attention, torch_dtype(self.ds))
-        self.varlen = self.remove_padding and self.sp == 1 and varlen.supported(torch_dtype(self.ds))
-        if self.varlen:
-            varlen.enable(module)
+        self.varlen = varlen.engage(module, arr.model.flash_attention, torch_dtype(self.ds),
+                                    packed=self.remove_padding and self.sp == 1)
         if role == "actor" and lora.enabled(arr.model):
             module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(

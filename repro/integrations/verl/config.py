@@ -20,7 +20,7 @@ from verl.workers.config import ActorConfig, CriticConfig
 from verl.workers.config.engine import EngineConfig
 from verl.workers.config.optimizer import OptimizerConfig
 
-from repro.config import ModelConfig, OptimConfig
+from repro.config import LayerKernels, ModelConfig, OptimConfig
 from repro.config.ds_config import OffloadPlan
 from repro.config.fields import WARMUP_STYLES
 from repro.integrations.verl.engine_keys import STRATEGY, DeepSpeedEngineKeys, bad_key, fold_seed_keys
@@ -95,9 +95,12 @@ def repro_optim(optim: Any) -> tuple[OptimConfig, float]:
     return out, float(clip)
 
 
-def repro_model(model: Any, *, lora: bool) -> ModelConfig:
-    """repro's model section from verl's HFModelConfig (``lora=False``: no adapters, e.g. the critic)."""
+def repro_model(model: Any, *, lora: bool, kernels: LayerKernels | None = None) -> ModelConfig:
+    """repro's model section from verl's HFModelConfig (``lora=False``: no adapters, e.g. the critic), with the layer
+    keys of the role's engine section (``kernels``; verl's model section has no such keys)."""
+    kernels = kernels or LayerKernels()
     return ModelConfig(
+        compile_layers=kernels.compile_layers, flash_attention=kernels.flash_attention,
         path=model.local_path or model.path, trust_remote_code=bool(model.trust_remote_code),
         external_lib=model.external_lib, override_config=dict(model.override_config or {}),
         enable_gradient_checkpointing=bool(model.enable_gradient_checkpointing),

@@ -35,7 +35,7 @@ from repro.integrations.verl.checkpointing import load_engine, save_engine
 from repro.integrations.verl.config import DeepSpeedEngineConfig, repro_model, repro_optim
 from repro.integrations.verl.platform import use_cpu_platform_if_cpu
 from repro.run import banner
-from repro.workers import checkpoint, lora, ulysses
+from repro.workers import checkpoint, layer_compile, lora, ulysses, varlen
 from repro.workers.engine import RoleEngine, load_hf_model, torch_dtype
 
 DEVICES = ["cuda", "cpu"]
@@ -97,6 +97,8 @@ class DeepSpeedEngine(BaseEngine):
         """Actor updates so far (outermost train contexts; saved in checkpoints): REPRO_FAULT_RANK's count."""
         self._train_depth = 0
         self._dp_group: Any = None
+        self.varlen = False
+        """Packed rows attend through repro's varlen path (:func:`repro.workers.varlen.engage`): no mask is read."""
 
     # ---- building ----------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -105,9 +107,13 @@ class DeepSpeedEngine(BaseEngine):
         dp = data_parallel_size(world, self.sp, "deepspeed.ulysses_sequence_parallel_size")
         torch.manual_seed(self.engine_config.seed)  # weights new to the checkpoint (critic head) alike on all ranks
         use_lora = not self.value_head and not self.forward_only and self.model_config.lora_rank > 0
-        model_cfg = repro_model(self.model_config, lora=use_lora)
+        model_cfg = repro_model(self.model_config, lora=use_lora, kernels=self.engine_config)
         module = load_hf_model(model_cfg, torch_dtype(self.ds), value_head=self.value_head)
         mpu = ulysses.enable(module, self.sp, "critic" if self.value_head else "actor") if self.sp > 1 else None
+        # as repro's workers: the actor's and reference's packed rows through FlashAttention (the critic's through
+        # transformers' block-causal mask, as repro's critic)
+        self.varlen = varlen.engage(module, model_cfg.flash_attention, torch_dtype(self.ds), packed=bool(
+            self.engine_config.use_remove_padding) and self.sp == 1 and not self.value_head)
         if use_lora:
             module = lora.wrap(module, model_cfg)
         optim, clip = repro_optim(self.optimizer_config) if not self.forward_only else (None, 0.0)
@@ -116,6 +122,7 @@ class DeepSpeedEngine(BaseEngine):
                              per_rank_mini=1, micro=1, gas=1, train_batch_size=dp, num_mini_batches=1,
                              dynamic=False, max_token_len=None)
         self.role = RoleEngine(module, self.ds, plan, optim=optim, grad_clip=clip, mpu=mpu, caller_steps_lr=True)
+        layer_compile.from_config(self.role.module, model_cfg.compile_layers, self.ds.zero_stage)
         if self.sp > 1:
             sp_rank = dist.get_rank() % self.sp
             for r in range(self.sp):  # every rank creates every group, in the same order
@@ -133,7 +140,8 @@ class DeepSpeedEngine(BaseEngine):
         kind = "critic" if self.value_head else ("reference" if self.forward_only else "actor")
         built = rep if rep["stage"] is not None else None  # a forward-only module has no DeepSpeed engine
         words = [banner.engine_words(built), banner.layout_words(dist.get_world_size() // self.sp, self.sp, built),
-                 f"attention {rep['attention']}", *banner.fused_norm_words(rep), *banner.zero3_words(built)]
+                 f"attention {rep['attention']}" + (f" on {rep['flash_attention']}'s kernels" if self.varlen else ""),
+                 *banner.fused_norm_words(rep), *banner.zero3_words(built)]
         if rep["lora_layers"]:
             words.append("LoRA" + banner.lora_readback(rep))
         return f"repro DeepSpeed engine, {kind}: " + ", ".join(words)
@@ -248,7 +256,7 @@ class DeepSpeedEngine(BaseEngine):
         temperature = model_io.scalar_temperature(micro)
         outs = model_io.per_token(
             self.role.forward, micro, self.sp,
-            lambda out, labels: model_io.token_log_probs_of(out, labels, temperature, entropy))
+            lambda out, labels: model_io.token_log_probs_of(out, labels, temperature, entropy), packed_only=self.varlen)
         return {"log_probs": outs[0], **({"entropy": outs[1]} if entropy else {})}
 
     # ---- weights, checkpoints, adapters ------------------------------------------------------

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from repro.config import ConfigFieldError, DeepSpeedConfig, resolve_env_knobs
+from repro.config import ConfigFieldError, DeepSpeedConfig, LayerKernels, resolve_env_knobs
 from repro.config.ds_config import OffloadPlan, resolve_offload
 from repro.config.fields import check_sp_size, field_docs
+from repro.config.rules import compile_refusal
 
 STRATEGY = "deepspeed"
 # verl's EngineConfig.dtype values -> repro's DeepSpeedConfig.model_dtype.
@@ -58,8 +59,10 @@ def bad_key(key: str, value: Any, detail: str) -> ValueError:
 
 
 @dataclass
-class DeepSpeedEngineKeys(DeepSpeedConfig):
-    """repro's DeepSpeed section (inherited whole) plus the engine keys verl's trainer sets."""
+class DeepSpeedEngineKeys(DeepSpeedConfig, LayerKernels):
+    """repro's DeepSpeed section (inherited whole), the layer keys of repro's model section (``compile_layers``,
+    ``flash_attention``: verl's model section is verl's, so they are engine keys here), and the engine keys verl's
+    trainer sets."""
 
     strategy: str = STRATEGY
     """Engine backend of the role; only ``deepspeed``."""
@@ -79,8 +82,12 @@ class DeepSpeedEngineKeys(DeepSpeedConfig):
         try:
             check_sp_size(self)
             super().__post_init__()  # repro's validation of every DeepSpeed key, named as verl's key
+            LayerKernels.__post_init__(self)  # DeepSpeedConfig's does not chain to it
         except ConfigFieldError as err:
             raise ValueError(err.at("deepspeed")) from None
+        why = compile_refusal(self.zero_stage) if self.compile_layers != "off" else None
+        if why:
+            raise bad_key("compile_layers", self.compile_layers, f"with deepspeed.zero_stage={self.zero_stage}: {why}")
         # The stage-aware offload rule (nvme needs ZeRO-3 and offload_dir), env knobs read.
         self.check_offload(self.offload_plan())
 
@@ -107,6 +114,9 @@ def engine_keys() -> dict[str, Any]:
     return {"strategy": keys.pop("strategy"), **keys, **VERL_ENGINE_KEYS}
 
 
+_YAML_WORDS = ("true", "false", "null", "yes", "no", "on", "off", "y", "n", "~")
+
+
 def _yaml_value(value: Any) -> str:
     if value is None:
         return "null"
@@ -114,7 +124,9 @@ def _yaml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    if isinstance(value, str) and value.replace("_", "").isalnum() and value not in ("true", "false", "null"):
+    if isinstance(value, str) and value.lower() in _YAML_WORDS:
+        return f'"{value}"'  # YAML 1.1 (PyYAML, under OmegaConf) reads these as booleans or null
+    if isinstance(value, str) and value.replace("_", "").isalnum():
         return value
     raise TypeError(f"no yaml spelling for the default {value!r}: extend _yaml_value")
 

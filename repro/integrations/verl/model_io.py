@@ -47,13 +47,19 @@ def token_log_probs_of(out: Any, labels: torch.Tensor, temperature: float,
 
 
 def per_token(forward: Callable[..., Any], micro: TensorDict, sp: int,
-              fn: Callable[[Any, torch.Tensor], tuple[torch.Tensor, ...]]) -> tuple[torch.Tensor, ...]:
-    """``fn(model_output, labels)`` of every real token, each result nested like ``input_ids``."""
+              fn: Callable[[Any, torch.Tensor], tuple[torch.Tensor, ...]],
+              packed_only: bool = False) -> tuple[torch.Tensor, ...]:
+    """``fn(model_output, labels)`` of every real token, each result nested like ``input_ids``. ``packed_only``: the
+    model attends through repro's varlen path, which reads no attention mask, so padded rows are refused."""
     ids, pos = micro["input_ids"], micro["position_ids"]
     if pos.dim() == 3:
         raise ValueError("the DeepSpeed engine takes 1-D position_ids per sample (no mrope / vision models)")
     offsets = ids.offsets()
     packed = tu.get_non_tensor_data(data=micro, key="use_remove_padding", default=True)
+    if packed_only and not packed:
+        raise ValueError("a micro-batch with use_remove_padding=False reached a DeepSpeed engine built with "
+                         "deepspeed.use_remove_padding=true (FlashAttention over packed rows, no attention mask read); "
+                         "set the two alike")
     if packed or sp > 1:
         flat_ids, flat_pos = ids.values().unsqueeze(0), pos.values().unsqueeze(0)
         # token_forward's label of the row's last position is a pad where verl's roll wraps to the

@@ -14,7 +14,7 @@ import pathlib
 import pytest
 from omegaconf import OmegaConf
 
-from repro.config import ConfigFieldError, DeepSpeedConfig, OptimConfig
+from repro.config import ConfigFieldError, DeepSpeedConfig, LayerKernels, OptimConfig
 from repro.integrations.verl import engine_keys as K
 
 VERL = pathlib.Path(K.__file__).parent
@@ -43,11 +43,14 @@ def own_fields(cls_name: str, source: str) -> set[str]:
     return {s.target.id for s in cls.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
 
 
-def test_every_deepspeed_key_is_an_engine_key_and_the_engine_adds_only_verls_three() -> None:
+def test_every_deepspeed_key_and_layer_key_is_an_engine_key_and_the_engine_adds_only_verls_three() -> None:
     repro = {f.name: f.default for f in dataclasses.fields(DeepSpeedConfig)}
+    # compile_layers, flash_attention: repro's model-section keys, engine keys in verl (its model section is verl's)
+    layer = {f.name: f.default for f in dataclasses.fields(LayerKernels)}
     engine = {f.name: f.default for f in dataclasses.fields(K.DeepSpeedEngineKeys)}
     assert {k: engine[k] for k in repro} == repro  # inherited: same names, same defaults
-    assert set(engine) - set(repro) == OWN_KEYS, (
+    assert {k: engine[k] for k in layer} == layer
+    assert set(engine) - set(repro) - set(layer) == OWN_KEYS, (
         "a key of verl's engine section that repro's DeepSpeedConfig lacks: define it in repro.config.DeepSpeedConfig, "
         "or (a verl engine key) add it to OWN_KEYS here")
     assert own_fields("DeepSpeedEngineKeys", pathlib.Path(K.__file__).read_text()) == OWN_KEYS
@@ -119,6 +122,11 @@ def test_engine_keys_pass_every_deepspeed_key_to_repro() -> None:
     ({"strategy": "fsdp"}, "deepspeed.strategy='fsdp' is not valid for this engine; choose one of ['deepspeed']"),
     ({"dtype": "bf16", "model_dtype": "float32"}, "deepspeed.dtype='bf16' contradicts deepspeed.model_dtype='float32'"),
     ({"offload": "nvme"}, "deepspeed.offload=nvme needs deepspeed.zero_stage=3"),
+    ({"compile_layers": "eager"}, "deepspeed.compile_layers='eager' is not valid; choose one of ['off', 'inductor', "
+                                  "'aot_eager']"),
+    ({"flash_attention": "fa3"}, "deepspeed.flash_attention='fa3' is not valid; choose one of ['torch', 'fa4']"),
+    ({"compile_layers": "inductor", "zero_stage": 3},
+     "deepspeed.compile_layers='inductor' with deepspeed.zero_stage=3: zero_stage=3 is not valid; choose 0, 1 or 2"),
 ])
 def test_engine_keys_are_validated_by_repros_checks_named_as_verls_keys(values: dict, message: str) -> None:
     with pytest.raises(ValueError) as err:

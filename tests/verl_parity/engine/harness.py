@@ -100,7 +100,7 @@ def run_cfg(model_dir: str, world: int, stage: int, *, dynamic: bool = False, lo
 def verl_configs(model_dir: str, stage: int, role: str, *, dynamic: bool = False, lora_rank: int = 0,
                  remove_padding: bool = True, forward_only: bool = False,
                  step_each_micro: bool | None = None, sp: int = 1, cosine: bool = False,
-                 offload: bool = False) -> tuple[Any, Any]:
+                 offload: bool = False, compile_layers: str = "off") -> tuple[Any, Any]:
     """(role config, model config) as verl's trainer would build them for ``model_engine=deepspeed``."""
     from verl.workers.config import HFModelConfig
 
@@ -116,7 +116,7 @@ def verl_configs(model_dir: str, stage: int, role: str, *, dynamic: bool = False
                                micro_batch_size_per_gpu=MICRO, use_remove_padding=remove_padding,
                                forward_only=forward_only, step_each_micro=step_each_micro,
                                ulysses_sequence_parallel_size=sp, offload="cpu" if offload else "none",
-                               param_offload=offload and stage == 3)
+                               param_offload=offload and stage == 3, compile_layers=compile_layers)
     schedule = dict(lr_scheduler_type="cosine", lr_warmup_steps=1, total_training_steps=STEPS,
                     min_lr_ratio=0.1) if cosine else {}
     optim = DeepSpeedOptimizerConfig(lr=LR, eps=EPS, weight_decay=0.01, clip_grad=1.0, **schedule)

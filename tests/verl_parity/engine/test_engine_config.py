@@ -20,6 +20,7 @@ import sys
 import pytest
 import tomllib
 
+from tests.distributed.workers.helpers import make_model_dir
 from tests.subprocess_env import pythonpath
 from tests.verl_parity.engine.harness import SEARCHPATH, ref_as_verl_worker_builds_it
 
@@ -125,6 +126,26 @@ def test_engine_config_is_repros_deepspeed_section_and_verls_engine_config() -> 
     assert all(defaults[f.name] == f.default for f in fields(DeepSpeedEngineKeys))  # repro's defaults win
 
 
+def test_the_layer_keys_reach_repros_model_section_through_verls_engine_section(monkeypatch, tmp_path) -> None:
+    """compile_layers and flash_attention: repro's model-section keys, engine keys in verl (its model section is
+    verl's), read by the engine into the model section it builds from (``repro_model``)."""
+    from verl.utils.config import omega_conf_to_dataclass
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # the suites switch dynamo off; compile_layers refuses it
+    from verl.workers.config import HFModelConfig
+
+    from repro.integrations.verl.config import repro_model
+
+    default = omega_conf_to_dataclass(_compose().actor_rollout_ref.actor)
+    assert (default.engine.compile_layers, default.engine.flash_attention) == ("off", "torch")  # "off": a string
+    p = "actor_rollout_ref.actor.deepspeed."
+    actor = omega_conf_to_dataclass(_compose(f"{p}compile_layers=aot_eager", f"{p}flash_attention=fa4")
+                                    .actor_rollout_ref.actor)
+    model_dir = make_model_dir(tmp_path / "model")
+    model = repro_model(HFModelConfig(path=model_dir, load_tokenizer=False), lora=False, kernels=actor.engine)
+    assert (model.compile_layers, model.flash_attention) == ("aot_eager", "fa4")
+
+
 def test_every_deepspeed_key_can_be_set_through_verl() -> None:
     """The ZeRO-3 sizes and the size-aware switch (missing from the hand-written section before) reach repro."""
     from verl.utils.config import omega_conf_to_dataclass
@@ -151,6 +172,10 @@ def test_every_deepspeed_key_can_be_set_through_verl() -> None:
      "deepspeed.ulysses_sequence_parallel_size=0 must be an integer >= 1"),
     ("actor_rollout_ref.actor.deepspeed.stage3_prefetch_bucket_size=-1",
      "deepspeed.stage3_prefetch_bucket_size=-1 must be an integer >= 0"),
+    ("actor_rollout_ref.actor.deepspeed.compile_layers=eager",
+     "deepspeed.compile_layers='eager' is not valid; choose one of ['off', 'inductor', 'aot_eager']"),
+    ("actor_rollout_ref.actor.deepspeed.flash_attention=fa3",
+     "deepspeed.flash_attention='fa3' is not valid; choose one of ['torch', 'fa4']"),
     ("actor_rollout_ref.actor.optim.lr_scheduler_type=polynomial",
      "optim.lr_scheduler_type='polynomial' is not valid for the DeepSpeed engine; choose one of"),
 ])

@@ -17,6 +17,7 @@ gradient (read just before DeepSpeed's step), and the final parameters of its ro
 
 from __future__ import annotations
 
+import os
 import pathlib
 
 import pytest
@@ -36,14 +37,17 @@ CASES = {
     "actor_step_each_micro": {"role": "actor", "step_each_micro": True},
     # verl steps the schedule (lr_scheduler_step); repro's worker lets DeepSpeed step it: same LRs.
     "actor_cosine": {"role": "actor", "cosine": True},
+    # deepspeed.compile_layers (an engine key: verl's model section is verl's): the decoder layers traced by dynamo and
+    # run by torch's own kernels (aot_eager: the eager arithmetic), so the reference's bounds hold as they are
+    "actor_compiled": {"role": "actor", "compile_layers": "aot_eager"},
 }
-ONLY_AT_ZERO2 = ("actor_padded", "actor_step_each_micro", "actor_cosine")
+ONLY_AT_ZERO2 = ("actor_padded", "actor_step_each_micro", "actor_cosine", "actor_compiled")
 ONLY_AT_ZERO23 = ("actor_offload",)
 # Compared with repro's worker only (the reference's AdamW runs at a constant LR).
 REFERENCELESS = ("actor_cosine",)
 # repro's own workers run every case they have a config for (the padded forward is the engine's own;
 # step_each_micro is VERL_DS_ZERO2_STEP_EACH_MICRO's key: the same update, stepped after every micro-batch).
-WORKERLESS = ("actor_padded", "actor_step_each_micro")
+WORKERLESS = ("actor_padded", "actor_step_each_micro", "actor_compiled")
 # The checks must catch these (see _broken_loss): both at ZeRO-2 on the fixed-size actor.
 BROKEN = ("double_division", "rank_local_skip")
 CHECKPOINTED = ("actor", "actor_lora", "actor_cosine")
@@ -54,7 +58,7 @@ def _cases(stage: int) -> list[str]:
 
 
 def _engine_kw(case: dict) -> dict:
-    keys = ("dynamic", "lora_rank", "remove_padding", "step_each_micro", "cosine", "offload")
+    keys = ("dynamic", "lora_rank", "remove_padding", "step_each_micro", "cosine", "offload", "compile_layers")
     return {k: case[k] for k in keys if k in case}
 
 
@@ -78,12 +82,16 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
 
     from repro.workers.actor import ActorWorker
     from repro.workers.critic import CriticWorker
+    from repro.workers.layer_compile import captured_graphs
 
     out: dict = {}
     for stage in STAGES:
         for name in _cases(stage) + ([f"broken_{b}" for b in BROKEN] if stage == 2 else []):
-            t0 = time.perf_counter()
+            t0, graphs_before = time.perf_counter(), captured_graphs()
             case = CASES.get(name, CASES["actor"])
+            # The suites switch dynamo off (TORCHDYNAMO_DISABLE=1, conftest.py), which the engine refuses with
+            # compile_layers: unset for the compiled case only (graphs_before/after show compiled code ran)
+            dynamo_off = os.environ.pop("TORCHDYNAMO_DISABLE", None) if "compile_layers" in case else None
             engine, loss_fn = h.new_engine(model_dir, stage, case["role"], **_engine_kw(case))
             if name.startswith("broken_"):
                 loss_fn = _broken_loss(name[len("broken_"):], loss_fn, rank)
@@ -96,7 +104,10 @@ def _train(rank: int, world: int, model_dir: str, ckpt_root: str) -> dict:
             result = {"init": init, "steps": steps, "grads": grads, "final": h.full_params(engine),
                       "offloaded": (engine.is_optimizer_offload_enabled, engine.is_param_offload_enabled,
                                     sorted(k for k in engine.role.ds_config["zero_optimization"] if "offload" in k)),
-                      "engaged": engine.role.report(), "setup_line": engine.setup_line()}
+                      "engaged": engine.role.report(), "setup_line": engine.setup_line(),
+                      "graphs": captured_graphs() - graphs_before}  # dynamo's captures in this case's steps
+            if dynamo_off is not None:
+                os.environ["TORCHDYNAMO_DISABLE"] = dynamo_off
             if name == "actor_lora":  # the LoRA reference: the trained actor with its adapters off
                 result["infer"] = h.infer_log_probs(engine, rank, world)
                 result["infer_base"] = h.infer_log_probs(engine, rank, world, base=True)
@@ -209,6 +220,8 @@ def assert_engaged(engaged: dict, stage: int, case: dict, sp: int = 1) -> None:
     packed = case.get("remove_padding", True) or sp > 1
     assert fed["forwards"] > 0 and fed["masked"] == (0 if packed else fed["forwards"]), label
     assert engaged["sp"] == sp, label
+    # compiled decoder layers counted on the engine's module (both of the tiny model's), none unless asked
+    assert engaged["compiled_layers"] == (2 if case.get("compile_layers", "off") != "off" else 0), label
     if sp > 1:
         assert engaged["attention"] == "repro_ulysses_actor", label
 
@@ -221,6 +234,8 @@ def test_engine_matches_workers_and_reference(trained: dict, stage: int, name: s
         assert ranks[0]["offloaded"] == (True, stage == 3, want)
     for rank in ranks:
         assert_engaged(rank["engaged"], stage, CASES[name])
+    # dynamo captured the layers' graphs in the compiled case's steps (compiled code ran), none in another's
+    assert all((rank["graphs"] > 0) == (name == "actor_compiled") for rank in ranks), [r["graphs"] for r in ranks]
     check_case(ranks, name, trained["model_dir"])
 
 
@@ -341,6 +356,7 @@ def test_engine_checkpoint_resumes_bitwise(trained: dict, tmp_path: pathlib.Path
     (2, "actor", "actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, attention "),
     (3, "actor_offload", "actor: ZeRO-3, offload (read back) optimizer=cpu param=cpu, dp 2 x sp 1, attention "),
     (2, "critic", "critic: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, attention "),
+    (2, "actor_compiled", "actor: ZeRO-2, offload (read back) optimizer=device param=device, dp 2 x sp 1, attention "),
 ])
 def test_the_engine_line_says_what_the_built_engine_reports(trained: dict, stage: int, name: str, words: str) -> None:
     """Rank 0 prints this line when the engine is built: verl's console shows the config it composed, and this
@@ -348,6 +364,7 @@ def test_the_engine_line_says_what_the_built_engine_reports(trained: dict, stage
     rank = trained["ranks"][0][(stage, name)]
     assert rank["setup_line"].startswith("repro DeepSpeed engine, " + words), rank["setup_line"]
     assert "RMSNorm" not in rank["setup_line"]  # eager norms on a CPU (rms_norm.fused_count is 0)
+    assert ("compiled layers (read back: 2)" in rank["setup_line"]) == (name == "actor_compiled"), rank["setup_line"]
     # ZeRO-3's layout, read back as repro's banner words it (repro.run.banner.zero3_words); none below ZeRO-3
     engaged = rank["engaged"]
     zero3 = (f"ZeRO-3 read back [{len(engaged['zero3_leaves'])} leaf modules, linear {engaged['linear']}, "
