@@ -3,10 +3,11 @@
     python -m repro.bench.attention_calls --impls torch,fa4 --budget 32768   # one GPU; rmpad's form C batch
 
 Why: on one H200, FlashAttention-4's kernels ran the 0.6B update's attention 1.4x faster than torch's FlashAttention-2,
-yet the update did not gain, and the profiled FA4 update left the GPU idle 3x longer (``results/actor_update/
-README.md``, session 26). FA4's kernels are reached through Python (repro's glue, :mod:`repro.workers.fa4_kernels`,
-then FA4's own interface), FA2's through C++: if issuing a call costs the host more than the call costs the GPU, the GPU
-waits. A profiler inflates host time, so this bench measures it without one.
+and the profiled FA4 update left the GPU idle 3x longer (``results/actor_update/README.md``, session 26). FA4's kernels
+are reached through Python (repro's glue, :mod:`repro.workers.fa4_kernels`, then FA4's own interface), FA2's through
+C++: where issuing a call costs the host more than the call costs the GPU, the GPU waits. A profiler inflates host
+time, so this bench measures it without one. Session 27 found FA4's calls dearer to the host (0.24-0.36 ms at a
+27k-token micro-batch, 1.3-1.9x FA2's) but hidden there behind the layers' other GPU work; the update 1.07x faster.
 
 How: the GPU is first held busy by a spin kernel (``torch.cuda._sleep``) long enough that the host issues every call of
 a round before the spin ends, so the host never waits on the device: wall time over the issuing loop is the host's time

@@ -4,9 +4,10 @@ Why a bench measures them: a collection stops the host's Python thread, and a ho
 GPU idle once its queue drains. The youngest generation is scanned every few hundred container objects; the oldest
 (generation 2) scans every object the process still holds, and with torch.compile's graphs, guards and caches in memory
 that is millions of objects. A library that makes many short-lived containers per call (FlashAttention-4's Python
-interface builds tuples, dicts and closures on every call) triggers the young collections more often and, through them,
-the full ones. Session 26's profiled FA4 update left the GPU idle 3x longer than FA2's, spread over phases that do not
-call attention at all (``results/actor_update/README.md``); this is one cause that can be measured without a profiler.
+interface builds tuples and closures on every call) triggers young collections more often and, through them, full
+ones. Session 26's profiled FA4 update left the GPU idle 3x longer than FA2's, spread over phases that do not call
+attention at all; session 27 measured this cause without a profiler and ruled it out at the 0.6B form C update: no full
+collection in 180 timed updates, at most 2 ms of collections in one (``results/actor_update/README.md``).
 
 :class:`GcPauses` counts the collections that ``gc.callbacks`` reports while it is active; :func:`apply` sets a policy
 for the bench's timed calls (``--gc``): ``default`` (Python's own), ``freeze`` (``gc.freeze()`` after the warm-up: the

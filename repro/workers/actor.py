@@ -70,7 +70,7 @@ class ActorWorker:
         self.sp = arr.actor.ulysses_sequence_parallel_size
         mpu = ulysses.enable(module, self.sp, role) if self.sp > 1 else None
         self.varlen = varlen.engage(module, arr.model.flash_attention, torch_dtype(self.ds),
-                                    packed=self.remove_padding and self.sp == 1)
+                                    packed_rows=self.remove_padding and self.sp == 1)
         if role == "actor" and lora.enabled(arr.model):
             module = lora.wrap(module, arr.model)
         self.engine = RoleEngine(

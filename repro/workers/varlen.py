@@ -165,14 +165,14 @@ def activate(choice: str, dtype: torch.dtype) -> str:
     return current_impl()
 
 
-def engage(model: torch.nn.Module, choice: str, dtype: torch.dtype, packed: bool) -> bool:
+def engage(model: torch.nn.Module, choice: str, dtype: torch.dtype, packed_rows: bool) -> bool:
     """A role's attention as its config asks: ``choice``'s flash kernels for the process (:func:`activate`) and, where
-    its micro-batches are packed rows without sequence parallelism (``packed``) and this process can run it
+    its micro-batches are packed rows without sequence parallelism (``packed_rows``) and this process can run it
     (:func:`supported`), the varlen path on ``model`` (:func:`enable`). True when the model attends with it: the
     attention mask is then never read, so the caller must not hand it padded rows. One rule for repro's workers and
     verl's engine (:mod:`repro.integrations.verl.engine`)."""
     activate(choice, dtype)
-    on = packed and supported(dtype)
+    on = packed_rows and supported(dtype)
     if on:
         enable(model)
     return on

@@ -112,7 +112,7 @@ class DeepSpeedEngine(BaseEngine):
         mpu = ulysses.enable(module, self.sp, "critic" if self.value_head else "actor") if self.sp > 1 else None
         # as repro's workers: the actor's and reference's packed rows through FlashAttention (the critic's through
         # transformers' block-causal mask, as repro's critic)
-        self.varlen = varlen.engage(module, model_cfg.flash_attention, torch_dtype(self.ds), packed=bool(
+        self.varlen = varlen.engage(module, model_cfg.flash_attention, torch_dtype(self.ds), packed_rows=bool(
             self.engine_config.use_remove_padding) and self.sp == 1 and not self.value_head)
         if use_lora:
             module = lora.wrap(module, model_cfg)

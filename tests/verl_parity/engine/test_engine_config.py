@@ -126,7 +126,12 @@ def test_engine_config_is_repros_deepspeed_section_and_verls_engine_config() -> 
     assert all(defaults[f.name] == f.default for f in fields(DeepSpeedEngineKeys))  # repro's defaults win
 
 
-def test_the_layer_keys_reach_repros_model_section_through_verls_engine_section(monkeypatch, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return make_model_dir(tmp_path_factory.mktemp("model") / "model")
+
+
+def test_the_layer_keys_reach_repros_model_section_through_verls_engine_section(monkeypatch, model_dir) -> None:
     """compile_layers and flash_attention: repro's model-section keys, engine keys in verl (its model section is
     verl's), read by the engine into the model section it builds from (``repro_model``)."""
     from verl.utils.config import omega_conf_to_dataclass
@@ -141,7 +146,6 @@ def test_the_layer_keys_reach_repros_model_section_through_verls_engine_section(
     p = "actor_rollout_ref.actor.deepspeed."
     actor = omega_conf_to_dataclass(_compose(f"{p}compile_layers=aot_eager", f"{p}flash_attention=fa4")
                                     .actor_rollout_ref.actor)
-    model_dir = make_model_dir(tmp_path / "model")
     model = repro_model(HFModelConfig(path=model_dir, load_tokenizer=False), lora=False, kernels=actor.engine)
     assert (model.compile_layers, model.flash_attention) == ("aot_eager", "fa4")
 
@@ -208,3 +212,23 @@ def test_env_knobs_mean_what_they_mean_in_repro(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("VERL_ENABLE_PARAM_OFFLOAD", "yes")
     with pytest.raises(ValueError, match="VERL_ENABLE_PARAM_OFFLOAD='yes' must be 0 or 1"):
         DeepSpeedEngineConfig(zero_stage=3)
+
+
+def test_a_padded_micro_batch_on_an_engine_built_for_packed_rows_is_refused_by_name(model_dir) -> None:
+    """repro's varlen path (CUDA) reads no attention mask: padded rows handed to it would attend across their padding.
+    The refusal is the engine's own check, before any forward (run here with a forward that must not be reached)."""
+    from repro.integrations.verl import model_io
+    from tests.distributed.workers.helpers import make_step_batch
+    from tests.verl_parity.engine.harness import SAMPLES, to_tensordict, verl_configs
+
+    section, _ = verl_configs(model_dir, 2, "actor", remove_padding=False)
+    micro = to_tensordict(make_step_batch(100, SAMPLES), section.engine, remove_padding=False)
+
+    def unreachable(**kw):
+        raise AssertionError("the forward ran")
+
+    with pytest.raises(ValueError, match="a micro-batch with use_remove_padding=False reached a DeepSpeed engine built "
+                                         r"with deepspeed.use_remove_padding=true \(FlashAttention over packed rows"):
+        model_io.per_token(unreachable, micro, 1, lambda out, labels: (), packed_only=True)
+    with pytest.raises(AssertionError, match="the forward ran"):  # the same micro-batch on a mask-reading engine
+        model_io.per_token(unreachable, micro, 1, lambda out, labels: (), packed_only=False)
