@@ -87,6 +87,8 @@ def _select(impl: str) -> str:
 
     from repro.workers import varlen
 
+    # varlen.activate("torch") leaves kernels already active in place (process-wide: every role of a worker process
+    # attends with one set); this bench measures both sets in one process, so it takes FA4's out itself
     if impl == "torch" and varlen.current_impl() != "torch":
         from torch.nn.attention import restore_flash_attention_impl
 
