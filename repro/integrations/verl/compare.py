@@ -9,7 +9,11 @@ update path each step: ``eval_mode`` + ``infer_batch`` for the old log-probs, th
 model (random init, saved once) and the same batches (prompts 64..256 tokens left-padded,
 responses 64..512, GRPO-like per-sequence advantages). bf16 compute with fp32 master weights and
 AdamW on both sides, gradient checkpointing on, the padded forward with sdpa (the GPU image has
-no flash-attn).
+no flash-attn). The ``-rmpad`` cases set verl's ``use_remove_padding``: repro's engine runs packed rows, on a GPU
+through repro's varlen path (torch's FlashAttention-2, or FlashAttention-4 with ``deepspeed.flash_attention=fa4``,
+the ``gpu`` extra; ``-compiled`` adds ``deepspeed.compile_layers=inductor``), still held to the padded FSDP2 run;
+each case's JSON keeps what its engine reported (its setup line, the kernels, compiled layers, masked forwards),
+and a packed case whose engine did not attend that way fails.
 
 The check is verl's own bar for a new engine (``tests/special_e2e/sft/test_sft_engine_all.sh``):
 step-1 loss within atol/rtol 1e-2 and grad norm within atol 1e-4 / rtol 3e-2 of the FSDP run.
@@ -39,7 +43,14 @@ CASES = {
     "fsdp2": {"backend": "fsdp2"},
     "ds-zero2": {"backend": "deepspeed", "zero_stage": 2},
     "ds-zero3-leaf": {"backend": "deepspeed", "zero_stage": 3},
+    # verl's use_remove_padding: packed rows, attended through repro's varlen path on a GPU (the engine must say so)
+    "ds-zero2-rmpad": {"backend": "deepspeed", "zero_stage": 2, "remove_padding": True},
+    "ds-zero2-rmpad-fa4": {"backend": "deepspeed", "zero_stage": 2, "remove_padding": True, "flash_attention": "fa4"},
+    "ds-zero2-rmpad-fa4-compiled": {"backend": "deepspeed", "zero_stage": 2, "remove_padding": True,
+                                    "flash_attention": "fa4", "compile_layers": "inductor"},
 }
+DEFAULT_CASES = ("fsdp2", "ds-zero2", "ds-zero3-leaf", "ds-zero2-rmpad")
+"""Any machine's cases; the FA4 ones need a Hopper GPU and the ``gpu`` extra."""
 BASELINE = "fsdp2"
 LR, MICRO, SAMPLES = 1e-6, 4, 16
 PROMPT, RESPONSE = (64, 256), (64, 512)
@@ -80,7 +91,7 @@ def step_batch(step: int, vocab: int, scale: int) -> dict[str, Any]:
     return batch
 
 
-def to_tensordict(batch: dict[str, Any], prompt_len: int) -> Any:
+def to_tensordict(batch: dict[str, Any], prompt_len: int, remove_padding: bool = False) -> Any:
     from tensordict import TensorDict
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.padding import left_right_2_no_padding
@@ -88,7 +99,7 @@ def to_tensordict(batch: dict[str, Any], prompt_len: int) -> Any:
     td = TensorDict({**batch, "prompts": batch["input_ids"][:, :prompt_len]}, batch_size=[SAMPLES])
     td = left_right_2_no_padding(td)
     tu.assign_non_tensor(td, use_dynamic_bsz=False, max_token_len_per_gpu=None, micro_batch_size_per_gpu=MICRO,
-                         use_remove_padding=False, temperature=1.0, global_batch_size=SAMPLES,
+                         use_remove_padding=remove_padding, temperature=1.0, global_batch_size=SAMPLES,
                          calculate_entropy=False)
     return td
 
@@ -115,10 +126,13 @@ def build(case: str, path: Path) -> tuple[Any, Any]:
     cuda = torch.cuda.is_available()
     # On CPU (the smoke run) everything is fp32; verl's platform helper comes from the plugin.
     use_cpu_platform_if_cpu()
-    model = HFModelConfig(path=str(path), load_tokenizer=False, use_remove_padding=False,
+    rmpad = bool(spec.get("remove_padding"))
+    model = HFModelConfig(path=str(path), load_tokenizer=False, use_remove_padding=rmpad,
                           enable_gradient_checkpointing=True, override_config={"attn_implementation": "sdpa"})
     ds = DeepSpeedEngineConfig(zero_stage=spec.get("zero_stage", 2), model_dtype="bfloat16" if cuda else "float32", seed=7,
-                               micro_batch_size_per_gpu=MICRO, use_remove_padding=False)
+                               micro_batch_size_per_gpu=MICRO, use_remove_padding=rmpad,
+                               flash_attention=spec.get("flash_attention", "torch"),
+                               compile_layers=spec.get("compile_layers", "off"))
     loss_cfg = DeepSpeedActorConfig(
         rollout_n=1, ppo_mini_batch_size=SAMPLES, ppo_micro_batch_size_per_gpu=MICRO, loss_agg_mode="token-mean",
         clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, use_kl_loss=False, shuffle=False,
@@ -149,6 +163,7 @@ def run_case(case: str, path: Path, steps: int, scale: int) -> dict[str, Any]:
     if torch.cuda.is_available():
         torch.cuda.set_device(0)
     engine, loss_fn = build(case, path)
+    rmpad = bool(CASES[case].get("remove_padding"))
     vocab = json.loads((path / "config.json").read_text())["vocab_size"]
     sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     rows = []
@@ -158,14 +173,14 @@ def run_case(case: str, path: Path, steps: int, scale: int) -> dict[str, Any]:
         sync()
         t0 = time.perf_counter()
         with engine.eval_mode():
-            out = engine.infer_batch(to_tensordict(batch, prompt_len))
-        td = to_tensordict(batch, prompt_len)
+            out = engine.infer_batch(to_tensordict(batch, prompt_len, rmpad))
+        td = to_tensordict(batch, prompt_len, rmpad)
         old = no_padding_2_padding(out["model_output"]["log_probs"], td).float().cpu()
         batch["old_log_probs"] = old * batch["response_mask"]
         sync()
         t1 = time.perf_counter()
         with engine.train_mode():
-            result = engine.train_batch(to_tensordict(batch, prompt_len), loss_function=loss_fn)
+            result = engine.train_batch(to_tensordict(batch, prompt_len, rmpad), loss_function=loss_fn)
         engine.lr_scheduler_step()
         sync()
         t2 = time.perf_counter()
@@ -180,8 +195,44 @@ def run_case(case: str, path: Path, steps: int, scale: int) -> dict[str, Any]:
         mem = {"max_allocated_gb": torch.cuda.max_memory_allocated() / 2**30,
                "max_reserved_gb": torch.cuda.max_memory_reserved() / 2**30,
                "device": torch.cuda.get_device_name(0)}
+    engaged = engaged_attention(engine)
     dist.destroy_process_group()
-    return {"case": case, "steps": rows, **mem}
+    return {"case": case, "steps": rows, "cuda": torch.cuda.is_available(), **engaged, **mem}
+
+
+def engaged_attention(engine: Any) -> dict[str, Any]:
+    """How the built engine attends, as it reports it (repro's engine; verl's FSDP2 says nothing of its own)."""
+    if not hasattr(engine, "role"):
+        return {}
+    rep = engine.role.report()
+    return {"engine_line": engine.setup_line(), "varlen": engine.varlen, "flash_attention": rep["flash_attention"],
+            "compiled_layers": rep["compiled_layers"], "masked_forwards": rep["fed"]["masked"],
+            "forwards": rep["fed"]["forwards"]}
+
+
+def engagement_failures(case: str, res: dict[str, Any]) -> list[str]:
+    """A case is only what its engine reports: a packed case's forwards came without a mask (a padded case's with
+    one), on a GPU it attends through the varlen path on the kernels it asked for, and a compiled case has compiled
+    layers. On CPU (fp32) packed rows attend through transformers' block-causal mask (``repro.workers.varlen.supported``).
+    verl's FSDP2 reports none of this: its case is not checked here."""
+    from repro.workers.varlen import FLASH_IMPLS
+
+    spec, out = CASES[case], []
+    if "forwards" not in res:
+        return out
+    packed = bool(spec.get("remove_padding"))
+    if res["masked_forwards"] != (0 if packed else res["forwards"]):
+        out.append(f"{case}: {res['masked_forwards']} of {res['forwards']} forwards with a mask, "
+                   f"{'packed' if packed else 'padded'} rows asked for")
+    if packed and res.get("cuda"):
+        if not res.get("varlen"):
+            out.append(f"{case}: packed rows not attended through the varlen path ({res.get('engine_line')})")
+        want = FLASH_IMPLS[spec.get("flash_attention", "torch")] or "torch"  # as current_impl names them
+        if res.get("flash_attention") != want:
+            out.append(f"{case}: flash kernels {res.get('flash_attention')!r}, asked for {want!r}")
+    if spec.get("compile_layers", "off") != "off" and not res.get("compiled_layers"):
+        out.append(f"{case}: no compiled layer ({res.get('engine_line')})")
+    return out
 
 
 def compare(results: dict[str, dict]) -> tuple[list[str], list[str]]:
@@ -203,6 +254,7 @@ def compare(results: dict[str, dict]) -> tuple[list[str], list[str]]:
                 failures.append(f"{case}: step-1 {key} {first[key]} vs {ref[key]}")
         if abs(first["grad_norm"] - ref["grad_norm"]) > NORM_ATOL + NORM_RTOL * abs(ref["grad_norm"]):
             failures.append(f"{case}: step-1 grad norm {first['grad_norm']} vs {ref['grad_norm']}")
+        failures += engagement_failures(case, res)
     return lines, failures
 
 
@@ -211,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m repro.integrations.verl.compare", description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="qwen3-0.6b", choices=["qwen3-0.6b", "tiny"])
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"from {list(CASES)}")
     parser.add_argument("--out", type=Path, default=Path("results/verl_engine/gpu"))
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ from repro.integrations.verl import compare, e2e
 from tests.seed_scale_phase import run_phase
 
 
-def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path, monkeypatch):
+def test_compare_builds_fsdp2_and_the_deepspeed_cases_and_holds_them_to_verls_bar(tmp_path, monkeypatch):
     # The cases run on CPU ranks. On a machine with a GPU verl registers its FSDP engine for the
     # device it detects (cuda) while the CPU platform asks for cpu: the case processes must not see it.
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -22,16 +22,37 @@ def test_compare_builds_fsdp2_and_both_deepspeed_cases_and_holds_them_to_verls_b
     rc = compare.main(["--shape", "tiny", "--steps", "2", "--out", str(tmp_path)])
     assert rc == 0, "\n".join(f"{log.name}: {log.read_text()[-1500:]}" for log in tmp_path.glob("*.log"))
     table = (tmp_path / "table.md").read_text()
-    for case in compare.CASES:
+    for case in compare.DEFAULT_CASES:
         assert f"| {case} | 2 |" in table
-    results = {c: __import__("json").loads((tmp_path / f"{c}.json").read_text()) for c in compare.CASES}
+    results = {c: __import__("json").loads((tmp_path / f"{c}.json").read_text()) for c in compare.DEFAULT_CASES}
     assert compare.compare(results)[1] == []
+    packed, padded = results["ds-zero2-rmpad"], results["ds-zero2"]
+    assert packed["masked_forwards"] == 0 < packed["forwards"] and padded["masked_forwards"] == padded["forwards"] > 0
     broken = copy.deepcopy(results)
     broken["ds-zero2"]["steps"][0]["grad_norm"] *= 1.05  # outside rtol 3e-2
     broken["ds-zero3-leaf"]["steps"][0]["logprob"] += 0.5
+    broken["ds-zero2-rmpad"]["masked_forwards"] = 1  # a packed case that still ran a padded forward
     failures = compare.compare(broken)[1]
     assert any("ds-zero2: step-1 grad norm" in f for f in failures)
     assert any("ds-zero3-leaf: step-1 logprob" in f for f in failures)
+    assert any("ds-zero2-rmpad: 1 of" in f for f in failures)
+
+
+def test_compare_fails_a_gpu_case_whose_engine_did_not_attend_as_asked():
+    """On a GPU the packed cases' proof is what the engine reports: the varlen path, the asked-for kernels, compiled
+    layers. Results as a GPU run writes them, each with one thing missing."""
+    from repro.workers.varlen import FLASH_IMPLS
+
+    good = {"cuda": True, "varlen": True, "flash_attention": FLASH_IMPLS["fa4"], "compiled_layers": 28,
+            "masked_forwards": 0, "forwards": 8, "engine_line": "..."}
+    case = "ds-zero2-rmpad-fa4-compiled"
+    assert compare.engagement_failures(case, good) == []
+    assert compare.engagement_failures(case, {**good, "cuda": False, "varlen": False}) == []  # CPU: sdpa's mask path
+    for broken, words in (({"varlen": False}, "not attended through the varlen path"),
+                          ({"flash_attention": "torch"}, "flash kernels 'torch'"),
+                          ({"compiled_layers": 0}, "no compiled layer")):
+        assert any(words in f for f in compare.engagement_failures(case, {**good, **broken})), broken
+    assert compare.engagement_failures("ds-zero2-rmpad", {**good, "flash_attention": "torch", "compiled_layers": 0}) == []
 
 
 def test_compare_refuses_a_case_list_without_the_baseline(tmp_path, capsys):
