@@ -11,8 +11,13 @@ own attention), with no mask built at all.
 The samples come from the ``position_ids``: a sample starts wherever the position does not
 grow by one (the rule of :mod:`repro.workers.ulysses`), and every row starts one. The pad
 tokens of a row's tail sit at position 0, each a one-token sample that no real token sees.
-The boundaries are computed once per forward (two host syncs: their count and the longest) and reused by
-every layer, and by the recomputation of gradient checkpointing.
+The boundaries are computed once per forward (two host syncs: their count and the longest), by a forward pre-hook
+of the model, before any decoder layer runs, and handed to every layer as transformers' flash-attention keyword
+arguments (``cu_seq_lens_q`` ..., which its layers pass through to the attention function and gradient
+checkpointing's recomputation reuses). Not inside the first layer's attention: with ``model.compile_layers`` that
+sync was a graph break, and the first layer's path (compute) and the others' (reuse a cached tensor) were two
+variants of one compiled function; with the inference and training variants the layers of verl's engine reached
+dynamo's limit of 8 compilations on one H200 and ran eager beyond it (``results/verl_engine/README.md``).
 
 The kernels behind torch's flash ops are torch's own FlashAttention-2 unless ``model.flash_attention=fa4`` puts
 FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL kernels for Hopper and Blackwell; the ``gpu`` extra) there
@@ -28,7 +33,6 @@ under the same conditions, whether or not the rows are packed.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 from typing import Any
@@ -80,6 +84,23 @@ def _boundaries(position_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
     return _cache[1], _cache[2]
 
 
+BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+"""transformers' flash-attention keyword arguments (``FlashAttentionKwargs``), which its models pass from their
+``forward`` through every decoder layer to the attention function."""
+
+
+def with_boundaries(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
+    """Forward pre-hook (``with_kwargs``) of a model on the varlen path: the packed rows' boundaries from its
+    ``position_ids``, once per forward and outside the decoder layers, as :data:`BOUNDARY_KWARGS`. A caller that
+    passes them already, or no ``position_ids`` keyword (the layers then compute them: :func:`_boundaries`), is left
+    as it is."""
+    pos = kwargs.get("position_ids")
+    if pos is None or BOUNDARY_KWARGS[0] in kwargs:
+        return None
+    cu, longest = cu_seqlens(pos)
+    return args, {**kwargs, **dict(zip(BOUNDARY_KWARGS, (cu, cu, longest, longest), strict=True))}
+
+
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
               attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
               sliding_window: int | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -87,7 +108,10 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if dropout or sliding_window:
         raise ValueError(f"{KEY} attention supports neither dropout nor a sliding window "
                          f"(got dropout={dropout}, sliding_window={sliding_window})")
-    cu, longest = _boundaries(kwargs["position_ids"])
+    if kwargs.get("cu_seq_lens_q") is not None:  # the model's pre-hook (with_boundaries)
+        cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    else:  # Ulysses' gathered sequence, or a caller past the hook
+        cu, longest = _boundaries(kwargs["position_ids"])
     b, heads, length, dim = query.shape
     q = query.transpose(1, 2).reshape(b * length, heads, dim)
     k = key.transpose(1, 2).reshape(b * length, key.shape[1], dim)
@@ -95,9 +119,16 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     return packed(q, k, v, cu, longest, scaling).view(b, length, heads, dim), None
 
 
-@functools.cache
-def _params(fn: Any) -> Any:
-    return inspect.signature(fn).parameters
+_param_names: tuple[Any, frozenset[str]] | None = None
+"""(``varlen_attn``, the names it takes in this torch), read once before any compiled layer runs (:func:`enable`):
+a compiled layer then reads a constant, where ``inspect.signature`` inside it cost dynamo a trace of its own."""
+
+
+def _params(fn: Any) -> frozenset[str]:
+    global _param_names
+    if _param_names is None or _param_names[0] is not fn:
+        _param_names = (fn, frozenset(inspect.signature(fn).parameters))
+    return _param_names[1]
 
 
 def packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
@@ -184,9 +215,15 @@ def enable(model: torch.nn.Module) -> None:
     No mask function is registered for the key on purpose: transformers then skips mask creation
     altogether (``_preprocess_mask_arguments``' early exit for attention without a mask function),
     where a registered one returning None still ran ``find_packed_sequence_indices`` first, a
-    device sync and a few kernels on every forward.
+    device sync and a few kernels on every forward. The samples' boundaries come from a pre-hook on ``model``
+    (:func:`with_boundaries`), once per forward.
     """
     from transformers import AttentionInterface
 
     AttentionInterface.register(KEY, attention)
     model.set_attn_implementation(KEY)
+    if _varlen_attn() is not None:
+        _params(_varlen_attn())
+    if not getattr(model, "_repro_varlen_boundaries", False):
+        model.register_forward_pre_hook(with_boundaries, with_kwargs=True)
+        model._repro_varlen_boundaries = True

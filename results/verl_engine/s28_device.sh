@@ -15,6 +15,8 @@
 #      packages only for verl's runs.
 #   4. carry [".whl3"] (slim tree): STAGE=compare OUT=$OUT bash results/verl_engine/s28_device.sh
 #   5. whole tree, no carry: STAGE=cpu OUT=$OUT bash results/verl_engine/s28_device.sh (SUITES to choose)
+# A second lease, after the varlen change: calls 1-3 again (.whl6 with fastapi, starlette and uvicorn added: verl's
+# trainer imports them), 4. carry [".whl3", ".old"]: STAGE=compile ..., 5. STAGE=cpu SUITES=unit VERL=1 ...
 set -u
 START=$(date +%s)
 if [ ! -d /tmp/site/ray ]; then
@@ -36,6 +38,26 @@ print('verl', verl.__version__, 'transformers', transformers.__version__, 'tenso
       > "$O/compare.txt" 2>&1
     echo "compare rc=$? at $(( $(date +%s) - START )) s" | tee -a "$O/summary.txt"
     (cd /tmp/cmp && tar czf "$O/cmp.tgz" --exclude 'model-*' .)
+    ;;
+  compile)
+    # after the boundaries moved out of the layers (repro/workers/varlen.py): the GPU test of compiled layers on the
+    # varlen path, then the same test on the varlen.py before it (.old/, carried: it must fail), then verl's engine
+    # again with dynamo's recompilations logged
+    REPRO_GPU_TESTS=1 timeout 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu_e2e/test_layer_compile_gpu.py \
+      > "$O/gpu_test.txt" 2>&1
+    echo "gpu test rc=$? at $(( $(date +%s) - START )) s" | tee -a "$O/summary.txt"
+    cp repro/workers/varlen.py /tmp/varlen_new.py && cp .old/varlen.py repro/workers/varlen.py
+    REPRO_GPU_TESTS=1 timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu_e2e/test_layer_compile_gpu.py \
+      -k "varlen_path and torch" > "$O/gpu_test_old.txt" 2>&1
+    echo "gpu test on the old varlen.py rc=$? at $(( $(date +%s) - START )) s" | tee -a "$O/summary.txt"
+    cp /tmp/varlen_new.py repro/workers/varlen.py
+    rm -rf /tmp/cmp2
+    PYTHONPATH=/tmp/vsite:$PYTHONPATH OMP_NUM_THREADS=4 TORCH_LOGS=recompiles,graph_breaks \
+      timeout $(( ${BUDGET:-570} - ($(date +%s) - START) )) python3 -m repro.integrations.verl.compare --shape qwen3-0.6b \
+      --steps "${STEPS:-8}" --out /tmp/cmp2 --cases "${CASES:-fsdp2,ds-zero2-rmpad,ds-zero2-rmpad-fa4-compiled}" \
+      > "$O/compare.txt" 2>&1
+    echo "compare rc=$? at $(( $(date +%s) - START )) s" | tee -a "$O/summary.txt"
+    (cd /tmp/cmp2 && tar czf "$O/cmp2.tgz" --exclude 'model-*' .)
     ;;
   cpu)
     # the CPU suites as CI runs them (DS_ACCELERATOR=cpu, gloo), this machine's CPU; verl's with its packages first

@@ -64,3 +64,48 @@ def test_inductor_compiled_layers_are_as_close_to_fp64_as_the_eager_layers(tmp_p
     assert _rel(got_logits, ref_logits) <= 2 * _rel(eager_logits, ref_logits), "logits"
     for name, ref in ref_grads.items():
         assert _rel(got_grads[name], ref) <= 2 * _rel(eager_grads[name], ref) + 1e-12, name
+
+
+@pytest.mark.parametrize("flash", ["torch", "fa4"])
+def test_compiled_layers_on_the_varlen_path_compile_in_the_first_update_and_never_again(monkeypatch, flash):
+    """Compiled layers on remove-padding's varlen path, through rounds as an RL step makes them: an inference forward
+    (no grad) and a training forward and backward under gradient checkpointing, each round packing other samples to
+    another length. Every variant is compiled in the first round; no later round may capture a graph. On one H200
+    (session 28) verl's engine compiled the layers on this path until dynamo's limit of 8 and ran eager beyond it,
+    when the first layer computed the samples' boundaries (a graph break) and the others reused them from a cache.
+    Backend ``aot_eager``: which graphs dynamo captures and when it recompiles is dynamo's, whatever the backend."""
+    from repro.data.tiny_model import PolicyShape, build_model, tiny_config
+    from repro.workers import varlen
+    from repro.workers.layer_compile import captured_graphs, compile_decoder_layers
+
+    if flash == "fa4":
+        pytest.importorskip(varlen.fa4_kernels.MODULE, reason="FlashAttention-4 (the gpu extra) is not installed")
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    vocab = 1024
+    cfg = tiny_config(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      shape=PolicyShape(hidden_size=256, num_hidden_layers=3, intermediate_size=768))
+    model = build_model(cfg, seed=0).to("cuda", torch.bfloat16)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert varlen.engage(model, flash, torch.bfloat16, packed_rows=True)
+    torch._dynamo.reset()
+    assert compile_decoder_layers(model, zero_stage=2, backend="aot_eager") == 3
+    gen = torch.Generator().manual_seed(0)
+    graphs = []
+    try:
+        for _ in range(4):
+            lengths = torch.randint(20, 200, (int(torch.randint(3, 9, (1,), generator=gen)),), generator=gen)
+            pos = torch.cat([torch.arange(int(n)) for n in lengths])[None].cuda()
+            ids = torch.randint(3, vocab, pos.shape, generator=gen).cuda()
+            model.eval()
+            with torch.no_grad():
+                model(input_ids=ids, position_ids=pos, use_cache=False)
+            model.train()
+            model(input_ids=ids, position_ids=pos, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+            graphs.append(captured_graphs())
+    finally:
+        torch._dynamo.reset()
+        if varlen.current_impl() != "torch":  # FA4's kernels are process-wide: the next test gets torch's back
+            from torch.nn.attention import restore_flash_attention_impl
+
+            restore_flash_attention_impl()
+    assert graphs[0] > 0 and graphs[1:] == [graphs[0]] * 3, f"graphs captured after each round: {graphs}"

@@ -40,6 +40,9 @@ def test_a_policy_it_does_not_know_names_the_flag_and_the_choices():
 
 def test_the_bench_keeps_each_timed_calls_collections_and_sets_the_policy_after_the_warm_up(unfrozen):
     frozen_at_call = []
+    # Objects frozen before the bench starts are not its doing: on the GPU machine's Python 3.12 the test process
+    # held 375 already (results/cpu_suite_elsewhere/README.md, session 28). The warm-up must leave that count alone.
+    before = gc.get_freeze_count()
 
     def call() -> None:
         frozen_at_call.append(gc.get_freeze_count())
@@ -49,6 +52,6 @@ def test_the_bench_keeps_each_timed_calls_collections_and_sets_the_policy_after_
     times, pauses = rmpad._timed(args, call)
     assert len(times) == 5 and len(pauses) == 3  # the warm-up's collections are not the timed calls'
     assert all(p.count[2] == 1 for p in pauses)
-    assert frozen_at_call[:2] == [0, 0] and all(n > 0 for n in frozen_at_call[2:])
+    assert frozen_at_call[:2] == [before, before] and all(n > before for n in frozen_at_call[2:])
     row = rmpad._gc_row("infer_", pauses)
     assert row["infer_gc_full"] == [1, 1, 1] and len(row["infer_gc_s"]) == 3

@@ -127,3 +127,43 @@ def test_fa4_is_not_activated_where_the_varlen_path_does_not_run():
     assert varlen.activate("fa4", torch.bfloat16) == "torch"
     assert varlen.activate("fa4", torch.float32) == "torch"
     assert varlen.current_impl() == "torch"
+
+
+def test_the_boundaries_are_computed_once_per_forward_before_the_layers_and_reach_every_layer(monkeypatch):
+    """One ``cu_seqlens`` per forward, outside the decoder layers (a compiled layer must not sync or branch on a
+    cache: ``varlen.with_boundaries``), the same tensor in every layer's attention call and in gradient
+    checkpointing's recomputation; a caller that passes transformers' flash kwargs itself keeps them."""
+    from repro.data.tiny_model import PolicyShape, build_model, tiny_config
+
+    calls, computed = [], []
+    cu_seqlens = varlen.cu_seqlens
+
+    def counted(pos):
+        computed.append(pos)
+        return cu_seqlens(pos)
+
+    def recording(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), enable_gqa=False, scale=None):
+        calls.append((cu_q, cu_k, max_q, max_k))
+        return _reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, enable_gqa=True,
+                                      scale=scale)
+
+    monkeypatch.setattr(varlen, "_varlen_attn", lambda: recording)
+    monkeypatch.setattr(varlen, "cu_seqlens", counted)
+    model = build_model(tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                    shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)))
+    varlen.enable(model)
+    varlen.enable(model)  # a second role setup on the same model: still one hook
+    assert len(model._forward_pre_hooks) == 1
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2, 0]])
+    ids = torch.randint(3, 64, pos.shape, generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, position_ids=pos, use_cache=False).logits.sum().backward()
+    assert len(computed) == 1  # once, though 2 layers attended twice each (forward, recomputation)
+    assert len(calls) == 4 and all(c[0] is calls[0][0] and c[1] is calls[0][0] for c in calls)
+    assert calls[0][0].tolist() == [0, 4, 6, 9, 10] and {c[2] for c in calls} == {c[3] for c in calls} == {4}
+
+    mine = torch.tensor([0, 4, 6, 9, 10], dtype=torch.int32)
+    model(input_ids=ids, position_ids=pos, use_cache=False, cu_seq_lens_q=mine, cu_seq_lens_k=mine,
+          max_length_q=4, max_length_k=4)
+    assert len(computed) == 1 and calls[-1][0] is mine
