@@ -38,20 +38,22 @@ def test_a_policy_it_does_not_know_names_the_flag_and_the_choices():
         gc_pauses.apply("off")
 
 
-def test_the_bench_keeps_each_timed_calls_collections_and_sets_the_policy_after_the_warm_up(unfrozen):
-    frozen_at_call = []
-    # Objects frozen before the bench starts are not its doing: on the GPU machine's Python 3.12 the test process
-    # held 375 already (results/cpu_suite_elsewhere/README.md, session 28). The warm-up must leave that count alone.
-    before = gc.get_freeze_count()
+def test_the_bench_keeps_each_timed_calls_collections_and_sets_the_policy_after_the_warm_up(monkeypatch):
+    # The policy is set once, between the warm-up and the first timed call. Read from the calls, not from
+    # gc.get_freeze_count(): on the GPU machine's Python 3.12 that count went from 0 to 375 across one gc.collect() of
+    # the warm-up with no gc.freeze() of the bench's (cause not identified; results/cpu_suite_elsewhere/README.md,
+    # session 28). That apply("freeze") freezes is the test above's.
+    order = []
+    monkeypatch.setattr(gc_pauses, "apply", lambda policy: order.append(f"apply {policy}"))
 
     def call() -> None:
-        frozen_at_call.append(gc.get_freeze_count())
+        order.append("call")
         gc.collect()
 
     args = SimpleNamespace(warmup=2, steps=3, gc="freeze")
     times, pauses = rmpad._timed(args, call)
     assert len(times) == 5 and len(pauses) == 3  # the warm-up's collections are not the timed calls'
     assert all(p.count[2] == 1 for p in pauses)
-    assert frozen_at_call[:2] == [before, before] and all(n > before for n in frozen_at_call[2:])
+    assert order == ["call", "call", "apply freeze", "call", "call", "call"]
     row = rmpad._gc_row("infer_", pauses)
     assert row["infer_gc_full"] == [1, 1, 1] and len(row["infer_gc_s"]) == 3
