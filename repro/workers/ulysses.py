@@ -61,8 +61,8 @@ def _core_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     """Attention within the gathered sequence's blocks: FlashAttention over them where the varlen
     path runs (the mask alone would be ``L^2`` per sample: 16 GB at 128k tokens), else the mask."""
     if varlen.supported(query.dtype):
-        # DeepSpeed gathers the positions anew in every layer, so varlen's boundary cache (one host
-        # sync) is refilled per layer here, not once per forward as without SP.
+        # DeepSpeed gathers the positions anew in every layer, so the boundaries (one host sync) are
+        # computed per layer here (varlen's cache), not once per forward by the model's pre-hook as without SP.
         kwargs.pop("is_causal", None)
         return varlen.attention(module, query, key, value, None, **kwargs)
     return _block_causal_sdpa(module, query, key, value, attention_mask, **kwargs)
