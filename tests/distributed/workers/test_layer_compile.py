@@ -39,13 +39,15 @@ def _train(rank: int, world: int, model_dir: str, compiled: bool) -> dict:
         torch._dynamo.reset()
         worker = ActorWorker(cfg)
         layers = worker.engine.report()["compiled_layers"]
-        metrics = train_steps(worker, "actor", rank, world, range(2), SAMPLES)
+        metrics = train_steps(worker, "actor", rank, world, range(1), SAMPLES)
+        first = captured_graphs()
+        metrics += train_steps(worker, "actor", rank, world, range(1, 2), SAMPLES)  # other lengths, other packing
         graphs = captured_graphs()
     finally:
         torch._dynamo.reset()  # the pool's warm rank runs other tests next: no compiled code stays behind
         if disabled is not None:
             os.environ["TORCHDYNAMO_DISABLE"] = disabled
-    return {"params": params_of(worker), "metrics": metrics, "graphs": graphs, "layers": layers}
+    return {"params": params_of(worker), "metrics": metrics, "graphs": graphs, "first": first, "layers": layers}
 
 
 def test_compiled_decoder_layers_train_bitwise_as_the_eager_ones(pooled, tmp_path):
@@ -53,6 +55,9 @@ def test_compiled_decoder_layers_train_bitwise_as_the_eager_ones(pooled, tmp_pat
     eager = pooled(_train, 2, timeout_s=180, args=(model_dir, False))
     compiled = pooled(_train, 2, timeout_s=180, args=(model_dir, True))
     assert [r["graphs"] for r in eager] == [0, 0] and min(r["graphs"] for r in compiled) > 0  # dynamo captured and ran them
+    # every variant compiled in the first update: the second, on other lengths, compiles nothing (dynamic shapes; the
+    # GPU's varlen path: tests/gpu_e2e/test_layer_compile_gpu.py)
+    assert [r["graphs"] for r in compiled] == [r["first"] for r in compiled]
     assert [r["layers"] for r in eager] == [0, 0] and [r["layers"] for r in compiled] == [2, 2]  # the engine's read-back
     for rank in range(2):
         assert compiled[rank]["metrics"] == eager[rank]["metrics"], rank
