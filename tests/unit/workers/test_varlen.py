@@ -147,8 +147,12 @@ def test_the_boundaries_are_computed_once_per_forward_before_the_layers_and_reac
         return _reference_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, enable_gqa=True,
                                       scale=scale)
 
+    def in_a_layer(pos):
+        raise AssertionError("a layer computed the boundaries (a host sync inside a compiled layer)")
+
     monkeypatch.setattr(varlen, "_varlen_attn", lambda: recording)
     monkeypatch.setattr(varlen, "cu_seqlens", counted)
+    monkeypatch.setattr(varlen, "_boundaries", in_a_layer)
     model = build_model(tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                                     shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)))
     varlen.enable(model)
@@ -167,3 +171,24 @@ def test_the_boundaries_are_computed_once_per_forward_before_the_layers_and_reac
     model(input_ids=ids, position_ids=pos, use_cache=False, cu_seq_lens_q=mine, cu_seq_lens_k=mine,
           max_length_q=4, max_length_k=4)
     assert len(computed) == 1 and calls[-1][0] is mine
+
+
+def test_a_lora_wrapped_model_still_gets_its_boundaries_from_the_hook(monkeypatch):
+    """The actor enables the varlen path before peft wraps the model (``repro.workers.lora.wrap``): peft's wrappers
+    call the model (``__call__``), so the pre-hook still computes the boundaries once per forward."""
+    from peft import LoraConfig, get_peft_model
+
+    from repro.data.tiny_model import PolicyShape, build_model, tiny_config
+
+    computed = []
+    cu_seqlens = varlen.cu_seqlens
+    monkeypatch.setattr(varlen, "cu_seqlens", lambda pos: computed.append(pos) or cu_seqlens(pos))
+    monkeypatch.setattr(varlen, "_varlen_attn", lambda: _reference_varlen_attn)
+    monkeypatch.setattr(varlen, "_boundaries", lambda pos: pytest.fail("a layer computed the boundaries"))
+    model = build_model(tiny_config(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                    shape=PolicyShape(hidden_size=64, num_hidden_layers=2, intermediate_size=128)))
+    varlen.enable(model)
+    wrapped = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    wrapped(input_ids=torch.randint(3, 64, pos.shape), position_ids=pos, use_cache=False)
+    assert len(computed) == 1 and computed[0] is pos
