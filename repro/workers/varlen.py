@@ -108,8 +108,8 @@ def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, v
     if dropout or sliding_window:
         raise ValueError(f"{KEY} attention supports neither dropout nor a sliding window "
                          f"(got dropout={dropout}, sliding_window={sliding_window})")
-    if kwargs.get("cu_seq_lens_q") is not None:  # the model's pre-hook (with_boundaries)
-        cu, longest = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    if kwargs.get(BOUNDARY_KWARGS[0]) is not None:  # the model's pre-hook (with_boundaries)
+        cu, longest = kwargs[BOUNDARY_KWARGS[0]], kwargs[BOUNDARY_KWARGS[2]]
     else:  # Ulysses' gathered sequence, or a caller past the hook
         cu, longest = _boundaries(kwargs["position_ids"])
     b, heads, length, dim = query.shape
@@ -224,6 +224,5 @@ def enable(model: torch.nn.Module) -> None:
     model.set_attn_implementation(KEY)
     if _varlen_attn() is not None:
         _params(_varlen_attn())
-    if not getattr(model, "_repro_varlen_boundaries", False):
+    if with_boundaries not in model._forward_pre_hooks.values():  # a second role setup on the same model: one hook
         model.register_forward_pre_hook(with_boundaries, with_kwargs=True)
-        model._repro_varlen_boundaries = True

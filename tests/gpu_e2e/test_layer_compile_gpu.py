@@ -78,8 +78,6 @@ def test_compiled_layers_on_the_varlen_path_compile_in_the_first_update_and_neve
     from repro.workers import varlen
     from repro.workers.layer_compile import captured_graphs, compile_decoder_layers
 
-    if flash == "fa4":
-        pytest.importorskip(varlen.fa4_kernels.MODULE, reason="FlashAttention-4 (the gpu extra) is not installed")
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     vocab = 1024
     cfg = tiny_config(vocab_size=vocab, pad_token_id=0, bos_token_id=1, eos_token_id=2,
