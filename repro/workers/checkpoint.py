@@ -38,6 +38,7 @@ import torch.distributed as dist
 from repro.devices import on_cpu
 from repro.run.checkpoints import write_json_atomic
 from repro.workers import lora
+from repro.workers.zero3_persist_gather import gathered
 
 if TYPE_CHECKING:
     from repro.workers.engine import RoleEngine
@@ -182,10 +183,9 @@ def iter_full_weights(engine: RoleEngine) -> Iterator[tuple[str, torch.Tensor]]:
         for name, param in engine.module.named_parameters():
             yield name, param.detach()
         return
-    import deepspeed
-
     for name, param in engine.module.named_parameters():
-        with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
+        # the parameters ZeRO-3 keeps whole stay whole (the next forward need not gather them again)
+        with gathered([param]):
             tensor = param.data.detach().clone()
         yield name, tensor
 

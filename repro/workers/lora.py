@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from repro.workers.zero3_persist_gather import gathered
+
 if TYPE_CHECKING:
     from repro.config import ModelConfig
 
@@ -64,11 +66,8 @@ def base_model(module: torch.nn.Module) -> torch.nn.Module:
 
 
 def _gathered(params: list[torch.nn.Parameter], zero3: bool) -> contextlib.AbstractContextManager:
-    if not zero3:
-        return contextlib.nullcontext()
-    import deepspeed
-
-    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
+    # the parameters ZeRO-3 keeps whole stay whole (repro.workers.zero3_persist_gather.gathered)
+    return gathered(params) if zero3 else contextlib.nullcontext()
 
 
 def hf_name(peft_name: str) -> str:

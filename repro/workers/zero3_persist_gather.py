@@ -10,11 +10,21 @@ micro-batch of 8 found 310 NCCL all-gathers and 160.7 ms of host time in ZeRO-3'
 own forward prefetch makes, ``all_gather_coalesced``: one flat all-gather per dtype. An all-gather moves bytes, so a
 run with it is bitwise the run without (``tests/distributed/workers/test_zero3_persist_gather.py``).
 
-Imports nothing: it works on the optimizer object it is given (``deepspeed.initialize``'s, at ZeRO-3).
+:func:`gathered` is how the rest of the workers read full parameters at ZeRO-3 (the rollout's weight sync, Hugging
+Face exports, LoRA merges) without undoing that gather: DeepSpeed's ``GatheredParameters`` partitions every parameter
+it was given on exit, the persistent ones too, so each weight sync left all of them sharded and the next forward
+gathered them again (counted on 2 CPU ranks at the 0.6B shape's structure: one all-gather of the layers' 440M
+elements and ~2,500 more host operators in the old-log-prob pass after each sync, ``results/seed_scale/README.md``
+section 10).
+
+Imports DeepSpeed only inside :func:`gathered`; the rest works on the optimizer object it is given
+(``deepspeed.initialize``'s, at ZeRO-3).
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 COALESCED = "coalesced"
@@ -50,3 +60,22 @@ def persistent_gather(optimizer: Any) -> str | None:
     if not hasattr(optimizer, "persistent_parameters") or not hasattr(optimizer, "_post_step"):
         return None
     return COALESCED if getattr(optimizer._post_step, "repro_coalesced", False) else PER_PARAMETER
+
+
+@contextlib.contextmanager
+def gathered(params: Sequence[Any]) -> Iterator[None]:
+    """Inside, every ZeRO-3 parameter of ``params`` is whole on this rank; after it, those ZeRO-3 keeps whole
+    (``ds_persist``) are still whole and the others partitioned again. A no-op for parameters that are not ZeRO-3's.
+
+    Which parameters count as persistent is decided from the model's sizes alike on every rank (DeepSpeed's
+    ``mark_persistent_parameters``), so every rank issues the same collectives here. A persistent parameter that
+    something released is gathered back by DeepSpeed's own ``all_gather``, which gathers only the released ones
+    (none, after a step) and, like every status change of ZeRO-3's, does so on every rank alike."""
+    import deepspeed
+
+    persistent = [p for p in params if getattr(p, "ds_persist", False)]
+    if persistent:
+        persistent[0].all_gather(param_list=persistent)
+    with deepspeed.zero.GatheredParameters([p for p in params if not getattr(p, "ds_persist", False)],
+                                           modifier_rank=None):
+        yield
