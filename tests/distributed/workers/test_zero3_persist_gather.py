@@ -2,8 +2,8 @@
 (``repro.workers.zero3_persist_gather``, the engine's default) on 2 gloo ranks: the same bits as DeepSpeed's own
 gather, one all-gather per parameter, and that many collectives fewer, read from the collective trace; a frozen ZeRO-3
 role (the reference, no optimizer step) reports none. The rollout's weight sync reads the full weights and leaves the
-whole ones whole: the same bits as DeepSpeed's gather of every parameter, and the next forward gathers nothing more
-than a forward before the sync."""
+whole ones whole (and gathers back those something else released): the same bits as DeepSpeed's gather of every
+parameter, and the next forward gathers nothing more than a forward before the sync."""
 
 from __future__ import annotations
 
@@ -83,11 +83,16 @@ def _sync_then_forward(rank: int, world: int, model_dir: str, trace_root: str) -
     whole = sum(1 for p in module.parameters() if p.ds_persist and p.ds_status == ZeroParamStatus.AVAILABLE)
     with trace_collectives(f"{trace_root}/after", check="off"):
         after = worker.compute_log_prob(batch)["log_probs"]
-    # The reference: DeepSpeed's own gather of every parameter at once.
+    # The reference: DeepSpeed's own gather of every parameter at once, which on its exit partitions the whole ones.
     with deepspeed.zero.GatheredParameters(list(module.parameters())):
         reference = {name: p.data.detach().clone() for name, p in module.named_parameters()}
+    released = sum(1 for p in module.parameters() if p.ds_persist and p.ds_status == ZeroParamStatus.NOT_AVAILABLE)
+    # A sync after such a release gathers them back, and keeps them whole.
+    again = {name: tensor.clone() for name, tensor in worker.iter_full_weights()}
+    whole_again = sum(1 for p in module.parameters() if p.ds_persist and p.ds_status == ZeroParamStatus.AVAILABLE)
     return {"exported": exported, "reference": reference, "whole": whole, "before": before, "after": after,
-            "persistent": worker.engine.report()["zero3_persistent_params"]}
+            "persistent": worker.engine.report()["zero3_persistent_params"], "released": released,
+            "again": again, "whole_again": whole_again}
 
 
 def _gathered_elements(trace_dir) -> tuple[int, int]:
@@ -104,6 +109,9 @@ def test_the_weight_sync_leaves_the_whole_parameters_whole_so_the_next_forward_g
         for name, tensor in out["reference"].items():
             assert out["exported"][name].equal(tensor), name
         assert 0 < out["whole"] == out["persistent"]
+        assert out["released"] == out["persistent"] == out["whole_again"]
+        for name, tensor in out["reference"].items():
+            assert out["again"][name].equal(tensor), name
         # The same weights, the same arithmetic: bitwise.
         assert out["after"].equal(out["before"])
     # DeepSpeed's GatheredParameters partitions whole parameters on exit: before the mend the sync left them all
