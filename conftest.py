@@ -58,7 +58,7 @@ _LONG_MODULES = ("test_multinode.py", "test_lora_run.py", "test_run_safety.py", 
                  "test_bench_workers.py", "test_goldens.py", "test_verl_algorithms_e2e.py",
                  "test_checkpoint_fallback.py",
                  "test_sft.py", "test_batch_splits.py", "test_layout_parity.py", "test_policies.py",
-                 "test_library_collectives.py", "test_programs.py", "test_trace.py", "test_checkpoint.py",
+                 "test_library_collectives.py", "test_programs.py", "test_trace.py", "test_trace_zero2.py", "test_checkpoint.py",
                  "test_launch.py", "test_functional.py")
 
 

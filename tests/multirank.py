@@ -14,7 +14,8 @@ signal fails the run: its peers are killed at once and :class:`RankFailure` carr
 rank's output, each line tagged ``[rank N]``. A run that outlives ``timeout_s`` has the Python
 stacks of its live ranks dumped (faulthandler on ``SIGUSR1``) before they are killed, and
 raises :class:`RankTimeout`; only that test fails. :mod:`tests.rank_pool` runs the same tasks
-on warm ranks that take one task after another.
+on warm ranks that take one task after another; both keep a rank's files and their reports in
+:mod:`tests.rank_files`.
 """
 
 from __future__ import annotations
@@ -30,10 +31,19 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait as wait_for_sentinels
 from typing import Any
 
+from tests.rank_files import (
+    describe_exit,
+    dump_stacks,
+    kill,
+    mtime_ns,
+    new_run_dir,
+    rank_paths,
+    rank_report,
+    tag,
+)
+
 __all__ = ["RankFailure", "RankTimeout", "check_task", "run_ranks"]
 
-_LOG_TAIL_LINES = 60
-_STACK_DUMP_WAIT_S = 3.0
 # gloo must not give up on a collective before the harness does: the harness reports hangs
 # with stacks, a gloo timeout would only say "timed out".
 _GLOO_TIMEOUT_MARGIN_S = 120.0
@@ -54,16 +64,6 @@ class RankFailure(AssertionError):
 
 class RankTimeout(RankFailure):
     """Ranks were still running after ``timeout_s``; the message names them and shows their stacks."""
-
-
-def _rank_paths(run_dir: pathlib.Path, rank: int) -> dict[str, pathlib.Path]:
-    return {
-        "log": run_dir / f"rank{rank}.log",
-        "result": run_dir / f"rank{rank}.result.pkl",
-        "error": run_dir / f"rank{rank}.error.txt",
-        "stack": run_dir / f"rank{rank}.stack.txt",
-        "ready": run_dir / f"rank{rank}.ready",
-    }
 
 
 def _rank_context():
@@ -114,7 +114,7 @@ def _rank_main(
     # Own process group: the parent can kill this rank together with anything it started.
     os.setsid()
     _die_with_parent()
-    paths = _rank_paths(pathlib.Path(run_dir), rank)
+    paths = rank_paths(pathlib.Path(run_dir), rank)
 
     import faulthandler
     import sys
@@ -185,7 +185,7 @@ def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backe
 
         init_distributed()
     # run_ranks starts the task's clock here: start-up (spawn, imports, group) has a limit of its own.
-    _rank_paths(pathlib.Path(run_dir), rank)["ready"].touch()
+    rank_paths(pathlib.Path(run_dir), rank)["ready"].touch()
     result = fn(rank, world_size, *args)
     tmp = result_path.with_suffix(".tmp")
     with open(tmp, "wb") as f:
@@ -196,109 +196,6 @@ def run_in_group(payload: bytes, rank: int, world_size: int, run_dir: str, backe
     store.set(f"multirank_done/{rank}", "1")
     store.wait([f"multirank_done/{r}" for r in range(world_size)], wait)
     dist.destroy_process_group()
-
-
-def _tag(rank: int, text: str) -> str:
-    return "\n".join(f"[rank {rank}] {line}" for line in text.rstrip("\n").splitlines())
-
-
-def _read(path: pathlib.Path) -> str:
-    try:
-        return path.read_text(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def _mtime_ns(path: pathlib.Path) -> int:
-    try:
-        return path.stat().st_mtime_ns
-    except FileNotFoundError:
-        return 0
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _rank_report(rank: int, paths: dict[str, pathlib.Path], status: str) -> str:
-    """Tagged status, traceback (when not already in the log tail) and log tail of one rank."""
-    log_lines = _read(paths["log"]).splitlines()
-    tail = "\n".join(log_lines[-_LOG_TAIL_LINES:])
-    parts = [f"[rank {rank}] --- {status}; log: {paths['log']}"]
-    if not paths["log"].exists():
-        parts.append(
-            f"[rank {rank}] (no log: the rank died before the harness bootstrap redirected its output; "
-            "look for its stderr in the test's captured output)"
-        )
-    error = _read(paths["error"])
-    if error and error.strip() not in tail:
-        parts.append(_tag(rank, error))
-    if len(log_lines) > _LOG_TAIL_LINES:
-        parts.append(f"[rank {rank}] ... ({len(log_lines) - _LOG_TAIL_LINES} earlier log lines)")
-    if tail:
-        parts.append(_tag(rank, tail))
-    return "\n".join(parts)
-
-
-def _kill(proc: Any) -> None:
-    """SIGKILL a rank and its own process group (whatever it spawned), then reap it."""
-    if proc.exitcode is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # rank has not reached setsid yet, or its group is gone
-        try:
-            proc.kill()
-        except (ProcessLookupError, ValueError):
-            pass
-    proc.join(timeout=10)
-
-
-def _dump_stacks(procs: list, rank_paths: list[dict[str, pathlib.Path]]) -> dict[int, str]:
-    """SIGUSR1 every live rank (faulthandler writes its stacks) and collect what they wrote."""
-    live = [r for r, p in enumerate(procs) if p.exitcode is None]
-    for r in live:
-        try:
-            os.kill(procs[r].pid, signal.SIGUSR1)
-        except ProcessLookupError:
-            pass
-    stacks: dict[int, str] = {}
-    deadline = time.monotonic() + _STACK_DUMP_WAIT_S
-    while live and time.monotonic() < deadline:
-        for r in list(live):
-            text = _read(rank_paths[r]["stack"])
-            # faulthandler ends a thread's dump with its outermost frame, "<module>" or bootstrap
-            if text and ("_rank_main" in text or "<module>" in text):
-                time.sleep(0.1)  # let faulthandler finish the other threads
-                stacks[r] = _read(rank_paths[r]["stack"])
-                live.remove(r)
-        time.sleep(0.05)
-    for r in live:
-        stacks[r] = _read(rank_paths[r]["stack"]) or (
-            "(no stack: the rank did not answer SIGUSR1; it had probably not reached the harness "
-            "bootstrap yet, e.g. still unpickling/importing in its start-up)"
-        )
-    return stacks
-
-
-def _new_run_dir(tmp_path: pathlib.Path) -> pathlib.Path:
-    """A fresh directory per call, so one test can call run_ranks several times."""
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    i = 0
-    while True:
-        run_dir = tmp_path / f"multirank{i}"
-        try:
-            run_dir.mkdir()
-            return run_dir
-        except FileExistsError:
-            i += 1
 
 
 def check_task(fn: Callable[..., Any], args: tuple, timeout_s: float) -> bytes:
@@ -350,8 +247,8 @@ def run_ranks(
     payload = check_task(fn, args, timeout_s)
     env = {str(k): str(v) for k, v in (env or {}).items()}
 
-    run_dir = _new_run_dir(pathlib.Path(tmp_path))
-    rank_paths = [_rank_paths(run_dir, r) for r in range(world_size)]
+    run_dir = new_run_dir(pathlib.Path(tmp_path))
+    files = [rank_paths(run_dir, r) for r in range(world_size)]
     ctx = _rank_context()
     procs = [
         ctx.Process(target=_rank_main, name=f"multirank-rank{r}", daemon=True,
@@ -371,7 +268,7 @@ def run_ranks(
             bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
             # An exit 0 without a result file means fn bypassed the bootstrap (os._exit(0), ...).
             silent = [
-                r for r, p in enumerate(procs) if p.exitcode == 0 and not rank_paths[r]["result"].exists()
+                r for r, p in enumerate(procs) if p.exitcode == 0 and not files[r]["result"].exists()
             ]
             if (bad or silent) and running and not grace_waited:
                 # A forkserver child's exit status reaches us through the server, a moment after
@@ -389,12 +286,12 @@ def run_ranks(
                 # error it causes), then the one whose log went quiet first. Log times alone can
                 # tie: mtimes move in clock ticks of a few ms, and a peer's error can come that fast.
                 failed = min(bad + silent, key=lambda r: (not (procs[r].exitcode or 0) < 0,
-                                                          _mtime_ns(rank_paths[r]["log"])))
+                                                          mtime_ns(files[r]["log"])))
                 break
             if not running:
                 break
             now = time.monotonic()
-            if ready_at is None and all(paths["ready"].exists() for paths in rank_paths):
+            if ready_at is None and all(paths["ready"].exists() for paths in files):
                 ready_at = now
             remaining = (ready_at + timeout_s if ready_at is not None else start + START_TIMEOUT_S) - now
             if remaining <= 0:
@@ -404,14 +301,14 @@ def run_ranks(
         elapsed = time.monotonic() - start
 
         if failed is not None:
-            statuses = {r: _describe_exit(p.exitcode) for r, p in enumerate(procs)}
+            statuses = {r: describe_exit(p.exitcode) for r, p in enumerate(procs)}
             if procs[failed].exitcode == 0:
                 statuses[failed] = "exited with code 0 without returning a result"
             for r, p in enumerate(procs):
                 if p.exitcode is None:
-                    _kill(p)
+                    kill(p)
                     statuses[r] = f"still running when rank {failed} failed; killed by the harness"
-            reports = [_rank_report(r, rank_paths[r], statuses[r]) for r in range(world_size)]
+            reports = [rank_report(r, files[r], statuses[r]) for r in range(world_size)]
             raise RankFailure(
                 f"rank {failed} {statuses[failed]} after {elapsed:.1f} s "
                 f"({world_size} ranks, fn={fn.__module__}.{fn.__qualname__}, dir={run_dir})\n"
@@ -420,15 +317,15 @@ def run_ranks(
 
         hung = [r for r, p in enumerate(procs) if p.exitcode is None]
         if hung:
-            stacks = _dump_stacks(procs, rank_paths)
+            stacks = dump_stacks(procs, files)
             for p in procs:
-                _kill(p)
+                kill(p)
             sections = []
             for r in range(world_size):
-                status = "hung; stack at timeout below" if r in hung else _describe_exit(procs[r].exitcode)
-                section = _rank_report(r, rank_paths[r], status)
+                status = "hung; stack at timeout below" if r in hung else describe_exit(procs[r].exitcode)
+                section = rank_report(r, files[r], status)
                 if r in hung:
-                    section += f"\n[rank {r}] --- Python stack at timeout:\n" + _tag(r, stacks[r])
+                    section += f"\n[rank {r}] --- Python stack at timeout:\n" + tag(r, stacks[r])
                 sections.append(section)
             when = (f"still running after timeout_s={timeout_s:g} s (start-up took {ready_at - start:.1f} s)"
                     if ready_at is not None else f"still starting after START_TIMEOUT_S={START_TIMEOUT_S:g} s")
@@ -440,11 +337,11 @@ def run_ranks(
 
         results = []
         for r in range(world_size):
-            with open(rank_paths[r]["result"], "rb") as f:
+            with open(files[r]["result"], "rb") as f:
                 results.append(pickle.load(f))
         return results
     finally:
         # Also on KeyboardInterrupt or an error above: no rank may outlive its test.
         for p in procs:
             if p.pid is not None:
-                _kill(p)
+                kill(p)

@@ -32,19 +32,21 @@ from tests.multirank import (
     CPU_RANK_ENV,
     RankFailure,
     RankTimeout,
-    _describe_exit,
     _die_with_parent,
-    _dump_stacks,
-    _kill,
-    _mtime_ns,
-    _new_run_dir,
     _rank_context,
-    _rank_paths,
-    _rank_report,
-    _tag,
     check_task,
     rank_env,
     run_in_group,
+)
+from tests.rank_files import (
+    describe_exit,
+    dump_stacks,
+    kill,
+    mtime_ns,
+    new_run_dir,
+    rank_paths,
+    rank_report,
+    tag,
 )
 
 __all__ = ["RankPool"]
@@ -59,7 +61,7 @@ def _run_task(conn, task: tuple, rank: int, snapshot) -> None:
 
 
     payload, world_size, run_dir, env, deepspeed, timeout_s = task
-    paths = _rank_paths(pathlib.Path(run_dir), rank)
+    paths = rank_paths(pathlib.Path(run_dir), rank)
     log = open(paths["log"], "a", buffering=1)
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -148,7 +150,7 @@ class RankPool:
             except EOFError:
                 code = self._procs[r].exitcode
                 self.close()
-                raise RankFailure(f"rank pool: rank {r} {_describe_exit(code)} during start-up") from None
+                raise RankFailure(f"rank pool: rank {r} {describe_exit(code)} during start-up") from None
 
     def close(self) -> None:
         """Stop every rank (a stop message, then SIGKILL for any that does not exit)."""
@@ -159,7 +161,7 @@ class RankPool:
                 pass
         for proc in self._procs:
             proc.join(timeout=2)
-            _kill(proc)
+            kill(proc)
         for conn in self._conns:
             conn.close()
         self._procs, self._conns = [], []
@@ -187,11 +189,11 @@ class RankPool:
         payload = check_task(fn, args, timeout_s)
         if not self._procs:
             self._start()
-        run_dir = _new_run_dir(pathlib.Path(tmp_path))
+        run_dir = new_run_dir(pathlib.Path(tmp_path))
         task = (payload, world_size, str(run_dir), {str(k): str(v) for k, v in (env or {}).items()},
                 deepspeed, float(timeout_s))
         procs, conns = self._procs[:world_size], self._conns[:world_size]
-        paths = [_rank_paths(run_dir, r) for r in range(world_size)]
+        paths = [rank_paths(run_dir, r) for r in range(world_size)]
         start = time.monotonic()
         for conn in conns:
             conn.send(task)
@@ -213,20 +215,20 @@ class RankPool:
         if failed is not None:
             statuses = {r: ("raised (traceback below)" if answers.get(r) == "error" else
                             "finished" if answers.get(r) == "ok" else
-                            _describe_exit(procs[r].exitcode) if procs[r].exitcode is not None else
+                            describe_exit(procs[r].exitcode) if procs[r].exitcode is not None else
                             f"still running when rank {failed} failed; killed by the harness")
                         for r in range(world_size)}
-            reports = [_rank_report(r, paths[r], statuses[r]) for r in range(world_size)]
+            reports = [rank_report(r, paths[r], statuses[r]) for r in range(world_size)]
             self.close()
             raise RankFailure(f"rank {failed} {statuses[failed]} after {elapsed:.1f} s ({world_size} ranks of a "
                               f"rank pool, fn={name}, dir={run_dir})\n" + "\n".join(reports))
         hung = [r for r in range(world_size) if r not in answers]
-        stacks = _dump_stacks([procs[r] if r in hung else _Finished() for r in range(world_size)], paths)
+        stacks = dump_stacks([procs[r] if r in hung else _Finished() for r in range(world_size)], paths)
         sections = []
         for r in range(world_size):
-            section = _rank_report(r, paths[r], "hung; stack at timeout below" if r in hung else "finished")
+            section = rank_report(r, paths[r], "hung; stack at timeout below" if r in hung else "finished")
             if r in hung:
-                section += f"\n[rank {r}] --- Python stack at timeout:\n" + _tag(r, stacks[r])
+                section += f"\n[rank {r}] --- Python stack at timeout:\n" + tag(r, stacks[r])
             sections.append(section)
         self.close()
         raise RankTimeout(f"ranks {hung} still running after timeout_s={timeout_s:g} s; killed ({world_size} ranks "
@@ -254,12 +256,12 @@ class RankPool:
                     bad.append(r)
             if bad:
                 # A peer's gloo error may follow the real failure: blame the log that went quiet first.
-                return min(bad, key=lambda r: _mtime_ns(paths[r]["log"]))
+                return min(bad, key=lambda r: mtime_ns(paths[r]["log"]))
         return None
 
 
 class _Finished:
-    """Stands in for a rank that answered, so that ``_dump_stacks`` leaves it alone."""
+    """Stands in for a rank that answered, so that ``dump_stacks`` leaves it alone."""
 
     exitcode = 0
     pid = None

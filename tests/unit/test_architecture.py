@@ -93,6 +93,18 @@ def test_at_most_ten_modules_directly_under_repro() -> None:
     assert len(top) <= 10, top
 
 
+MODULE_LINES = 400
+"""The house style's bound on a module (one concept a module): the package's, its tests' and its scripts'."""
+
+
+def test_every_module_of_the_package_its_tests_and_its_scripts_is_under_400_lines() -> None:
+    project = ROOT.parent
+    long = {str(path.relative_to(project)): lines for folder in ("repro", "tests", "scripts")
+            for path in sorted((project / folder).rglob("*.py"))
+            if (lines := len(path.read_text().splitlines())) >= MODULE_LINES}
+    assert not long, f"modules of {MODULE_LINES} lines or more (split them by concept): {long}"
+
+
 def against_the_grain(mod: str, imported: set[str], root: str = "repro") -> list[str]:
     """Imports of ``mod`` that do not point down the layer table of ``root``."""
     table = TABLES[root]

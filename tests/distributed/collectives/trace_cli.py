@@ -1,7 +1,7 @@
 """The trace tool's command line as a user runs it: ``python -m repro.collectives_trace <args>`` in
 a subprocess with this checkout importable.
 
-Shared by ``test_trace.py``, ``test_launch.py`` and ``test_library_collectives.py``; it lives here
+Shared by ``test_trace.py``, ``test_trace_zero2.py``, ``test_launch.py`` and ``test_library_collectives.py``; it lives here
 because test modules never import each other (``tests/unit/test_test_layout.py``).
 """
 
