@@ -104,13 +104,15 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     return cfg
 
 
-def make_batch(args: argparse.Namespace, vocab: int):
-    """Left-padded prompts and right-padded responses with uniform real lengths (seed 0)."""
+def make_batch(args: argparse.Namespace, vocab: int, min_prompt: int | None = None):
+    """Left-padded prompts and right-padded responses with uniform real lengths (seed 0): prompts of ``min_prompt``
+    (default a quarter of ``args.prompt``) to ``args.prompt`` tokens, responses of ``args.min_response`` to
+    ``args.response``."""
     import torch
 
     gen = torch.Generator().manual_seed(0)
     b, p, r = args.micro * args.gas, args.prompt, args.response
-    p_lens = torch.randint(max(1, p // 4), p + 1, (b,), generator=gen)
+    p_lens = torch.randint(max(1, p // 4) if min_prompt is None else min_prompt, p + 1, (b,), generator=gen)
     r_lens = torch.randint(args.min_response, r + 1, (b,), generator=gen)
     prompt_mask = torch.arange(p)[None] >= (p - p_lens)[:, None]
     response_mask = torch.arange(r)[None] < r_lens[:, None]

@@ -14,7 +14,7 @@ Cases: ``zero2``; ``zero3`` with every weight smaller than the embedding kept wh
 (``stage3_param_persistence_threshold``, default one element below the embedding's, which at width 1,024 keeps the
 same 309 weights whole as 1e7) and torch's linear, the worker benchmark's fastest ZeRO-3; ``zero3_hooked``, the same
 with DeepSpeed's hooks on every module; ``zero3_stock``, DeepSpeed's own sizes. The batch is the GPU run's by default
-(128 samples a rank, 12-token prompts, 8-10-token responses). It found the weight sync releasing every whole
+(128 samples a rank, 12-token prompts, 8-10-token responses; :func:`repro.bench.rmpad.make_batch`). It found the weight sync releasing every whole
 parameter at ZeRO-3 (``results/seed_scale/README.md`` section 10)::
 
     python -m repro.bench.step_counts --out results/seed_scale/raw/s29_cpu
@@ -34,6 +34,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from repro.bench.rmpad import make_batch
 from repro.bench.shapes import make_model_dir, model_config
 
 PASSES = ("weight_sync", "old_log_prob", "update")
@@ -52,24 +53,6 @@ def whole_below_embedding(shape: str) -> int:
     """The persistence threshold that keeps every weight of ``shape`` smaller than its embedding whole."""
     config = model_config(shape)
     return config.vocab_size * config.hidden_size - 1
-
-
-def make_batch(vocab: int, rank: int, samples: int, prompt: int, response: int, min_response: int) -> dict:
-    """Full prompts and right-padded responses of uniform lengths in ``[min_response, response]`` (seed: the rank)."""
-    import torch
-
-    gen = torch.Generator().manual_seed(rank)
-    r_lens = torch.randint(min_response, response + 1, (samples,), generator=gen)
-    response_mask = torch.arange(response)[None] < r_lens[:, None]
-    attention_mask = torch.cat([torch.ones(samples, prompt, dtype=torch.bool), response_mask], dim=1).long()
-    input_ids = torch.randint(3, vocab, (samples, prompt + response), generator=gen) * attention_mask
-    return {
-        "input_ids": input_ids, "attention_mask": attention_mask,
-        "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
-        "responses": input_ids[:, prompt:].clone(), "response_mask": response_mask.long(),
-        "old_log_probs": -torch.rand(samples, response, generator=gen) * 5 * response_mask,
-        "advantages": torch.randn(samples, response, generator=gen) * response_mask,
-    }
 
 
 def collectives(trace_dir: str, rank: int) -> dict:
@@ -115,7 +98,11 @@ def count_passes(overrides: list[str], config_name: str, batch_args: tuple[int, 
     cfg = load_config(["trainer.device=cpu", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.mode=sync",
                        *overrides], config_name=config_name)
     worker = ActorWorker(cfg)
-    data = make_batch(worker.engine.module.config.vocab_size, rank, *batch_args)
+    samples, prompt, response, min_response = batch_args
+    # the seed run's batch: prompts all of one length (no left padding), responses of uniform lengths
+    data = make_batch(argparse.Namespace(micro=samples, gas=1, prompt=prompt, response=response,
+                                         min_response=min_response), worker.engine.module.config.vocab_size,
+                      min_prompt=prompt)
     calls = {"weight_sync": lambda: sum(t.numel() for _, t in worker.iter_full_weights()),
              "old_log_prob": lambda: worker.compute_log_prob(data, calculate_entropy=True),
              "update": lambda: worker.update_policy(data)}

@@ -41,8 +41,8 @@ def test_each_pass_counts_the_collectives_its_zero_stage_issues_and_the_host_ope
             assert row["update"]["collectives_step3"]["by_op"] == row["update"]["collectives_step4"]["by_op"]
         grad_norms = [s for s in zero2["update"]["collectives_step4"]["sites"] if "get_grad_norm" in s]
         assert len(grad_norms) == 1 and zero2["update"]["collectives_step4"]["sites"][grad_norms[0]] == 2
-        for row in (zero2, zero3):
-            for name in ("weight_sync", "old_log_prob", "update"):
-                assert row[name]["host_ops"] == sum(row[name]["host_ops_by"].values()) > 0
-                assert row[name]["python_calls"] >= row[name]["deepspeed_calls"]
+        # By issuer: ZeRO-2's sync is torch's alone (views of whole weights), ZeRO-3's gathers through DeepSpeed; both
+        # updates go through DeepSpeed, ZeRO-3's per-parameter partitioning more.
+        assert "deepspeed" not in zero2["weight_sync"]["host_ops_by"] and zero2["weight_sync"]["host_ops"] > 0
+        assert zero3["weight_sync"]["host_ops_by"]["deepspeed"] > 0 and zero3["weight_sync"]["deepspeed_calls"] > 0
         assert zero3["update"]["host_ops_by"]["deepspeed"] > zero2["update"]["host_ops_by"]["deepspeed"] > 0
