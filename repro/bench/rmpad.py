@@ -136,7 +136,7 @@ def _child(args: argparse.Namespace) -> None:
     from repro.rl.mfu import device_name, mfu
     from repro.workers import activation_checkpointing, logprob, rms_norm, varlen
     from repro.workers.actor import ActorWorker
-    from repro.workers.layer_compile import captured_graphs, compiled_layers
+    from repro.workers.layer_compile import captured_graphs, compiled_layers, graph_breaks
     from repro.workers.overflow_check import overflow_check
 
     init_distributed()
@@ -193,6 +193,7 @@ def _child(args: argparse.Namespace) -> None:
         # the host's intra-op threads (OMP_NUM_THREADS, read back): the trainer's ranks run with one
         "intra_op_threads": torch.get_num_threads(),
         "compiled_graphs": captured_graphs(),
+        "graph_breaks": graph_breaks(),  # where a compiled layer's trace stopped (a host round-trip each)
         **host,
     }
     Path(args.result).write_text(json.dumps(row))
@@ -335,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         for case in cases:
             rows.append(_launch(args, case, model_dir, run_dir, rnd))
-            compiled = f", {rows[-1]['compiled_graphs']} graphs compiled" if rows[-1].get("compiled_graphs") else ""
+            compiled = (f", {rows[-1]['compiled_graphs']} graphs compiled, {rows[-1]['graph_breaks']} graph breaks"
+                        if rows[-1].get("compiled_graphs") else "")
             upd = rows[-1]["update_s"]
             gcs = rows[-1]["gc_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"

@@ -17,6 +17,8 @@ worker starts) and ``repro.workers.zero3_leaf`` (the decoder layer class of a mo
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from repro.config.rules import compile_refusal
@@ -46,12 +48,26 @@ def compiled_layers(model: torch.nn.Module) -> int:
     return sum(1 for m in model.modules() if getattr(m, "_compiled_call_impl", None) is not None)
 
 
-def captured_graphs() -> int:
-    """Graphs dynamo has captured in this process since its last reset: what ran compiled, not what was asked."""
+def _dynamo_counters() -> Any:
+    """Dynamo's counters, or None where it was never imported (nothing was compiled, and no import is paid to say so)."""
     import sys
 
-    if "torch._dynamo" not in sys.modules:  # never imported: nothing was compiled (and no import is paid to say so)
-        return 0
+    if "torch._dynamo" not in sys.modules:
+        return None
     from torch._dynamo.utils import counters
 
-    return int(counters["stats"]["unique_graphs"])
+    return counters
+
+
+def captured_graphs() -> int:
+    """Graphs dynamo has captured in this process since its last reset: what ran compiled, not what was asked."""
+    counters = _dynamo_counters()
+    return 0 if counters is None else int(counters["stats"]["unique_graphs"])
+
+
+def graph_breaks() -> int:
+    """Graph breaks dynamo has met in this process since its last reset: each splits a compiled function where the
+    trace stopped (a host round-trip and one graph more a call). Session 30 found 7 a process in the old varlen path's
+    compiled layers on an H100 (``results/actor_update/README.md``); TORCH_LOGS=graph_breaks says where."""
+    counters = _dynamo_counters()
+    return 0 if counters is None else int(sum(counters["graph_break"].values()))
