@@ -67,7 +67,8 @@ def captured_graphs() -> int:
 
 def graph_breaks() -> int:
     """Graph breaks dynamo has met in this process since its last reset: each splits a compiled function where the
-    trace stopped (a host round-trip and one graph more a call). Session 30 found 7 a process in the old varlen path's
-    compiled layers on an H100 (``results/actor_update/README.md``); TORCH_LOGS=graph_breaks says where."""
+    trace stopped (a host round-trip and one graph more a call), as the varlen path's boundary computation did inside
+    the compiled layers before session 28's mend (``results/actor_update/README.md``, session 30);
+    ``TORCH_LOGS=graph_breaks`` says where."""
     counters = _dynamo_counters()
     return 0 if counters is None else int(sum(counters["graph_break"].values()))

@@ -7,8 +7,9 @@
 #    micro-batches are a few thousand tokens: session 27 measured 32768 and 16384 only).
 # 3. Form C (--cases rmpad_compiled --budget 32768 --checkpointing off --adam fused --infer, 20 timed updates a process)
 #    in fresh processes, alternated: IMPLS lists KERNELS:TREE, KERNELS torch (FA2) or fa4, TREE new (this tree) or old
-#    (this tree with repro/workers/varlen.py as it was before session 28's mend: s30_varlen_96b8fbe.py, the file at
-#    96b8fbe). Every process runs under TORCH_LOGS=recompiles,graph_breaks; its summary line counts both.
+#    (this tree with repro/workers/varlen.py as it was before session 28's mend, the file at 96b8fbe; git history
+#    holds it and the device's copy of the tree has no .git, so it goes untracked with the tree, made before the calls:
+#    git show 96b8fbe:repro/workers/varlen.py > results/actor_update/s30_varlen_96b8fbe.py). Every process runs under TORCH_LOGS=recompiles,graph_breaks; its summary line counts both.
 #    FORMC_BUDGET sets the token budget (8192: four micro-batches an update, FA4's host time then shows or not).
 # Wheels as in sessions 26-27: call 1 carries [".whl4", ".whl"]:
 #   mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
@@ -33,8 +34,10 @@ for d in ("flash-attn-4", "nvidia-cutlass-dsl", "cuda-bindings"):
 PY
 echo "commit ${REPRO_COMMIT:-unknown}" >> "$O/env.txt"
 OLD=/tmp/s30_old_tree  # the same tree, varlen.py before the mend
-if [ ! -d $OLD ]; then
-  mkdir -p $OLD && cp -r repro scripts pyproject.toml $OLD/
+if [[ "${IMPLS:-fa4:new torch:new fa4:old}" == *:old* ]] && [ ! -d $OLD ]; then
+  [ -f results/actor_update/s30_varlen_96b8fbe.py ] || {
+    echo "results/actor_update/s30_varlen_96b8fbe.py missing: git show 96b8fbe:repro/workers/varlen.py > it" >&2; exit 2; }
+  mkdir -p $OLD && cp -r repro $OLD/
   cp results/actor_update/s30_varlen_96b8fbe.py $OLD/repro/workers/varlen.py
 fi
 if [ -z "${SKIP_TEST:-}" ]; then
