@@ -3,7 +3,9 @@
 # perf/mfu/actor at budget 8,192 against 47.8% at 32,768, the same tokens; not profiled then), and the CPU suites on
 # this machine's CPU (session 28's gc-test mend and the verl suite were not rerun there).
 # STAGE=profile: form C (--cases rmpad_compiled --checkpointing off --adam fused --infer) once per PROFILES entry
-#   KERNELS:BUDGET (KERNELS torch = FA2 or fa4), each in a fresh process, 10 timed updates, then one update and one
+#   KERNELS:BUDGET:ZERO (KERNELS torch = FA2 or fa4; ZERO the ZeRO stage, 2 as form C or 1: on CPU at the narrow shape
+#   ZeRO-2 issues 3,307 host operators per extra micro-batch against ZeRO-1's 1,130, DeepSpeed's per-parameter copies
+#   of each micro-batch's gradients, README "Session 31"), each in a fresh process, 10 timed updates, then one update and one
 #   log-prob pass under torch.profiler (--profile: phases.md, the GPU's idle time by host op) and one more update with
 #   --host-ops (operators and device syncs the host issues). Back: profiles.tgz (phases.md, the key-average tables,
 #   the shape files), each case log, results.jsonl, summary.txt, and the trace of the first entry's profiled update
@@ -15,6 +17,7 @@
 #   1. carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
 #        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   2. carry [".whl5"]: STAGE=profile OUT=$OUT bash results/actor_update/s31_device.sh
+#   2b. no carry (warm): PROFILES="..." STAGE=profile OUT=$OUT bash results/actor_update/s31_device.sh
 #   3. carry [".whl2"]: cp .whl2/* /tmp/chunks/
 #   4. carry [".whl3"]: STAGE=install bash results/actor_update/s31_device.sh (the Ray wheel joined, into /tmp/site)
 #   5. whole tree, carry [".whl6"]: STAGE=install bash results/actor_update/s31_device.sh &&
@@ -50,14 +53,14 @@ case "${STAGE:-profile}" in
     DSL=/tmp/site/nvidia_cutlass_dsl/dsl_packages
     export PYTHONPATH=$PYTHONPATH:$DSL
     i=0
-    for entry in ${PROFILES:-fa4:8192 torch:8192 fa4:32768}; do
-      impl=${entry%%:*}; budget=${entry##*:}
+    for entry in ${PROFILES:-fa4:8192:2 fa4:8192:1 fa4:32768:1}; do
+      IFS=: read -r impl budget zero <<< "$entry"
       left=$(( BUDGET - ($(date +%s) - START) ))
       [ $left -gt 120 ] || { echo "stopped before $entry: ${left} s left" >> "$O/summary.txt"; break; }
       i=$((i + 1))
-      name="${impl}_${budget}"
+      name="${impl}_${budget}_z${zero}"
       OMP_NUM_THREADS=1 timeout $left python3 -m repro.bench.rmpad --shape qwen3-0.6b --prompt 256 --response 512 \
-        --min-response 1 --micro 16 --gas 4 --workdir "$W/$name" --cases rmpad_compiled --rounds 1 --steps ${STEPS:-10} \
+        --min-response 1 --micro 16 --gas 4 --zero-stage "$zero" --workdir "$W/$name" --cases rmpad_compiled --rounds 1 --steps ${STEPS:-10} \
         --budget "$budget" --checkpointing off --adam fused --infer --flash-attention "$impl" \
         --profile "$W/prof/$name" --host-ops --out "$W/t_$name.tsv" > "$W/$name.txt" 2>&1
       rc=$?
@@ -67,9 +70,14 @@ case "${STAGE:-profile}" in
       { echo "===== $name"; cat "$W/$name.txt"; cat "$W/$name"/run_*/rmpad_compiled_*.log; } >> "$W/case_logs.txt"
     done
     (cd "$W" && tar czf "$O/profiles.tgz" --exclude '*.trace.json' prof case_logs.txt)
-    first_entry=${PROFILES:-fa4:8192}; first_entry=${first_entry%% *}
-    first=$(ls "$W/prof/${first_entry%%:*}_${first_entry##*:}"/rmpad_compiled_0/*.trace.json 2>/dev/null | head -1)
-    [ -n "$first" ] && gzip -c "$first" > "$O/first_update.trace.json.gz"
+    # the traces of the first two entries' profiled updates, for the analysis here (each under 16 MiB gzipped)
+    n=0
+    for entry in ${PROFILES:-fa4:8192:2 fa4:8192:1}; do
+      n=$((n + 1)); [ $n -le 2 ] || break
+      IFS=: read -r impl budget zero <<< "$entry"
+      t=$(ls "$W/prof/${impl}_${budget}_z${zero}"/rmpad_compiled_0/*.trace.json 2>/dev/null | head -1)
+      [ -n "$t" ] && gzip -c "$t" > "$O/update_${impl}_${budget}_z${zero}.trace.json.gz"
+    done
     ;;
   cpu)
     if [ -n "${SUITES-unit slow}" ]; then
