@@ -17,6 +17,9 @@
 #   1. carry [".whl4", ".whl"]: mkdir -p /tmp/chunks && cp .whl4/* /tmp/chunks/ &&
 #        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 #   2. carry [".whl5"]: STAGE=profile OUT=$OUT bash results/actor_update/s31_device.sh
+#   or, where device time allows one call only, FA2's entries alone, carry [".whl"]:
+#     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
+#       PROFILES="torch:8192:2 torch:8192:1 torch:32768:1" STAGE=profile OUT=$OUT bash results/actor_update/s31_device.sh
 #   2b. no carry (warm): PROFILES="..." STAGE=profile OUT=$OUT bash results/actor_update/s31_device.sh
 #   3. carry [".whl2"]: cp .whl2/* /tmp/chunks/
 #   4. carry [".whl3"]: STAGE=install bash results/actor_update/s31_device.sh (the Ray wheel joined, into /tmp/site)
@@ -49,7 +52,8 @@ source results/actor_update/device_env.sh
 echo "commit ${REPRO_COMMIT:-unknown}" >> "$O/env.txt"
 case "${STAGE:-profile}" in
   profile)
-    bash scripts/fa4_install.sh
+    # FA4 only where this call or an earlier one on this machine brought .whl5 (entries of torch's kernels need none)
+    [ -d .whl5 ] && bash scripts/fa4_install.sh
     DSL=/tmp/site/nvidia_cutlass_dsl/dsl_packages
     export PYTHONPATH=$PYTHONPATH:$DSL
     i=0
