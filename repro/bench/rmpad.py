@@ -151,7 +151,10 @@ def _child(args: argparse.Namespace) -> None:
     cfg = _run_config(args.model_dir, args.case, args)
     batch = make_batch(args, model_config(args.shape).vocab_size)
     worker = ActorWorker(cfg)
+    run_before = worker.engine.micro_batches_run
     times, pauses = _timed(args, lambda: worker.update_policy(batch), reset_peak=True)
+    # what an update's host work scales with: the engine's own count of the backward passes it ran, per update
+    micro_batches = (worker.engine.micro_batches_run - run_before) / len(times)
     # the old-log-prob pass as verl's trainer runs it (entropy on, no gradient), timed the same way
     infer, infer_pauses = ([], []) if not args.infer else _timed(
         args, lambda: worker.compute_log_prob(batch, calculate_entropy=True))
@@ -163,8 +166,11 @@ def _child(args: argparse.Namespace) -> None:
     lengths = batch["attention_mask"].sum(1).tolist()
     device, config = device_name(worker.engine.device), model_config(args.shape)
     infer_s = statistics.median(infer[args.warmup:]) if infer else None
+    report = worker.engine.report()
     row = {
-        "case": args.case, "varlen": int(worker.varlen), "step_s": step_s,
+        "case": args.case, "varlen": int(worker.varlen), "step_s": step_s, "micro_batches": micro_batches,
+        # read back from DeepSpeed: the stage decides whether gradients are reduced after every micro-batch (2)
+        "zero_stage": report["stage"],
         # the trainer's own figures (repro.rl.mfu, verl's formula): perf/mfu/actor_infer for the log-prob pass
         **({"infer_s": infer_s, "infer_each_s": infer[args.warmup:],
             "infer_mfu": mfu(config, lengths, infer_s, device, forward_only=True)} if infer else {}),
@@ -181,7 +187,7 @@ def _child(args: argparse.Namespace) -> None:
         # read back from the model the engine trains, not the flag the bench was given
         "checkpointing": activation_checkpointing.in_use(worker.engine.module),
         # --checkpointing auto: what the first update measured and chose (repro.workers.activation_checkpointing)
-        "checkpointing_auto": worker.engine.report()["checkpointing_auto"],
+        "checkpointing_auto": report["checkpointing_auto"],
         # the basic optimizer inside ZeRO's wrapper, read back from the DeepSpeed engine
         "optimizer": type(getattr(worker.engine.engine.optimizer, "optimizer", worker.engine.engine.optimizer)).__name__,
         # read back: the layers the engine's model runs compiled, and the graphs dynamo captured (the layers' and, on
@@ -341,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
             upd = rows[-1]["update_s"]
             gcs = rows[-1]["gc_s"]
             print(f"# round {rnd} {case}: {rows[-1]['step_s']:.3f} s/update (median of {len(upd)}: {min(upd):.3f}-{max(upd):.3f})"
-                  f", MFU {rows[-1]['mfu']:.1%}, {rows[-1]['optimizer']}{compiled}, flash {rows[-1]['flash_attention']}, "
+                  f", MFU {rows[-1]['mfu']:.1%}, ZeRO-{rows[-1]['zero_stage']}, {rows[-1]['micro_batches']:g} micro-batch"
+                  f"{'' if rows[-1]['micro_batches'] == 1 else 'es'} an update, {rows[-1]['optimizer']}{compiled}, flash {rows[-1]['flash_attention']}, "
                   f"GC ({rows[-1]['gc']}) {max(gcs):.3f} s at most in an update, {sum(rows[-1]['gc_full'])} full",
                   file=sys.stderr, flush=True)
             if "infer_s" in rows[-1]:

@@ -175,6 +175,7 @@ class RoleEngine:
         self.trainable = optim is not None
         self.ds = ds
         self.step_each_micro = bool(ds.step_each_micro)
+        self.micro_batches_run = 0  # backward passes run (benchmarks divide by updates: micro-batches an update)
         from repro.config import OptimConfig as _Optim
 
         # ZeRO-3 sizes its buckets from the model's width (repro.config.zero3); the plan reads the same.
@@ -353,6 +354,7 @@ class RoleEngine:
     def backward_micro(self, loss: torch.Tensor, *, last: bool) -> None:
         """Backward of one micro-batch's (globally normalised) loss, after :meth:`start_micro`."""
         self.engine.backward(loss, scale_wrt_gas=False)
+        self.micro_batches_run += 1
         if last and self.before_step is not None:
             self.before_step(self)
         if self.step_each_micro:
