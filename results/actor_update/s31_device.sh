@@ -70,8 +70,11 @@ case "${STAGE:-profile}" in
       rc=$?
       echo "$i $name rc=$rc at $(( $(date +%s) - START )) s $(grep -h '^# round' "$W/$name.txt")" | tee -a "$O/summary.txt"
       [ $rc -eq 0 ] || tail -30 "$W/$name.txt" >> "$O/summary.txt"
-      for f in "$W/$name"/run_*/rmpad_compiled_*.json; do echo "$name $(cat "$f")"; done >> "$O/results.jsonl"
-      { echo "===== $name"; cat "$W/$name.txt"; cat "$W/$name"/run_*/rmpad_compiled_*.log; } >> "$W/case_logs.txt"
+      # this process's run folder only: on a warm machine the workdir keeps the earlier calls' (session 31's calls 2
+      # and 3 appended those rows again to their results.jsonl)
+      run=$(ls -td "$W/$name"/run_* | head -1)
+      for f in "$run"/rmpad_compiled_*.json; do echo "$name $(cat "$f")"; done >> "$O/results.jsonl"
+      { echo "===== $name"; cat "$W/$name.txt"; cat "$run"/rmpad_compiled_*.log; } >> "$W/case_logs.txt"
     done
     (cd "$W" && tar czf "$O/profiles.tgz" --exclude '*.trace.json' prof case_logs.txt)
     # the traces of the first two entries' profiled updates, for the analysis here (each under 16 MiB gzipped)
