@@ -8,8 +8,8 @@
 #   of each micro-batch's gradients, README "Session 31"), each in a fresh process, 10 timed updates, then one update and one
 #   log-prob pass under torch.profiler (--profile: phases.md, the GPU's idle time by host op) and one more update with
 #   --host-ops (operators and device syncs the host issues). Back: profiles.tgz (phases.md, the key-average tables,
-#   the shape files), each case log, results.jsonl, summary.txt, and the trace of the first entry's profiled update
-#   (gzipped) for the analysis here.
+#   the shape files; on a warm machine a later process of an entry overwrites an earlier one's folder), results.jsonl,
+#   summary.txt, and the traces of the first two entries' profiled updates (gzipped) for the analysis here.
 # STAGE=cpu: scripts/cpu_suite_elsewhere.sh SUITES (default unit slow), then with VERL=1 the verl suite alone, verl's
 #   packages (/tmp/vsite) first on PYTHONPATH.
 # Payload, calls back to back on one warm machine (results/, fixtures/ and repro/data/tiny_policy_weights/ moved aside
@@ -25,7 +25,12 @@
 #   4. carry [".whl3"]: STAGE=install bash results/actor_update/s31_device.sh (the Ray wheel joined, into /tmp/site)
 #   5. whole tree, carry [".whl6"]: STAGE=install bash results/actor_update/s31_device.sh &&
 #        STAGE=cpu OUT=$OUT bash results/actor_update/s31_device.sh
-#      (.whl6: verl 0.9.1 and the packages of constraints/verl.txt the image lacks, at those versions, into /tmp/vsite)
+#      (.whl6: verl 0.9.1 and the packages of constraints/verl.txt the image lacks, at those versions, into /tmp/vsite;
+#      36 wheels, 27 MB: `pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+#      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --dest .whl6`
+#      of constraints/verl.txt's pins less the device image's own packages (numpy, pandas, pyarrow, pytest,
+#      hypothesis, peft, accelerate, ...), their dependencies already in the image, and what .whl holds (deepspeed,
+#      hydra-core, omegaconf, antlr4, hjson, pydantic, jsonschema) and Ray; stages install and cpu not yet run)
 #   6. whole tree, no carry: STAGE=cpu SUITES= VERL=1 OUT=$OUT bash results/actor_update/s31_device.sh
 set -u
 START=$(date +%s)
