@@ -2,6 +2,7 @@
 # Issue 35, session 31, one GPU: where form C's update goes at small token budgets (session 30 measured it at 26.5-27.0%
 # perf/mfu/actor at budget 8,192 against 47.8% at 32,768, the same tokens; not profiled then), and the CPU suites on
 # this machine's CPU (session 28's gc-test mend and the verl suite were not rerun there).
+# Session 32 reran its profile stage with other PROFILES (results/actor_update/README.md, "Session 32").
 # STAGE=profile: form C (--cases rmpad_compiled --checkpointing off --adam fused --infer) once per PROFILES entry
 #   KERNELS:BUDGET:ZERO (KERNELS torch = FA2 or fa4; ZERO the ZeRO stage, 2 as form C or 1: on CPU at the narrow shape
 #   ZeRO-2 issues 3,307 host operators per extra micro-batch against ZeRO-1's 1,130, DeepSpeed's per-parameter copies
