@@ -1,7 +1,7 @@
 """The rules of a run config that span sections, checked once the dataclasses exist.
 
 Batch plans per role, critic on/off, rollout engine, sequence parallelism, offload, paths,
-no-effect keys, the skip-inactive guard, ZeRO-2 on one data-parallel rank; and the one fill of the LR schedule's
+no-effect keys, the skip-inactive guard, ZeRO-2 on one GPU; and the one fill of the LR schedule's
 optimizer steps.
 Problems are ``ValueError`` naming the full keys; harmless oddities are returned as notes (the
 loader warns with them).
@@ -152,7 +152,8 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
 
 
 def _one_rank_zero2_notes(cfg: RunConfig, plans: dict[str, RoleBatchPlan]) -> list[str]:
-    """ZeRO-2 on one data-parallel rank with more than one micro-batch an update: the stage partitions nothing there,
+    """ZeRO-2 on one rank (one GPU in all: with sequence parallelism DeepSpeed partitions over the SP ranks too) with more
+    than one micro-batch an update: the stage partitions nothing there,
     yet DeepSpeed still runs its gradient hooks (bucket and partition copies, ~6 operators a parameter) after every
     micro-batch, where ZeRO-1 runs them once an update. Measured on one H100 at the 0.6B shape, four micro-batches an
     update: ZeRO-1 1.03-1.40x faster on three machines, 0.96 GiB more allocated (results/actor_update/README.md,
@@ -161,12 +162,12 @@ def _one_rank_zero2_notes(cfg: RunConfig, plans: dict[str, RoleBatchPlan]) -> li
     keys = {"actor": "actor_rollout_ref.actor.deepspeed.zero_stage", "critic": "critic.deepspeed_config.zero_stage"}
     stages = {"actor": cfg.actor_rollout_ref.actor.deepspeed.zero_stage, "critic": cfg.critic.deepspeed_config.zero_stage}
     for role, plan in plans.items():
-        if plan.dp != 1 or stages[role] != 2 or not (plan.dynamic or plan.gas > 1):
+        if plan.world != 1 or stages[role] != 2 or not (plan.dynamic or plan.gas > 1):
             continue
         split = ("token budgets (wherever one splits an update)" if plan.dynamic
                  else f"{plan.gas} micro-batches an update")
         notes.append(
-            f"{keys[role]}=2 on one data-parallel rank with {split}: ZeRO-2 partitions nothing on one rank but runs "
+            f"{keys[role]}=2 on one GPU with {split}: ZeRO-2 partitions nothing on one rank but runs "
             f"DeepSpeed's gradient hooks after every micro-batch; {keys[role]}=1 runs them once an update (the 0.6B "
             "shape's update on one H100 at four micro-batches: 1.03-1.40x faster, about 1 GB more allocated)"
         )

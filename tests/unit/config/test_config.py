@@ -105,20 +105,23 @@ def test_a_log_prob_micro_batch_below_the_updates_is_named_with_the_value_to_set
 
 def _one_rank_notes(overrides, config_name="ppo_trainer"):
     _, notes = load(["trainer.dry_run=true", *overrides], config_name=config_name)
-    return [n for n in notes if "one data-parallel rank" in n]
+    return [n for n in notes if "on one GPU with" in n]
 
 
-def test_zero2_on_one_data_parallel_rank_with_several_micro_batches_names_zero1_per_role():
+def test_zero2_on_one_gpu_with_several_micro_batches_names_zero1_per_role():
     # ZeRO-2 partitions nothing on one rank but still reduces after every micro-batch (measured 1.03-1.40x slower
     # than ZeRO-1 at four micro-batches on one H100); a note per role that has it, none where it cannot matter.
     actor, critic = _one_rank_notes(["trainer.n_gpus_per_node=1"])
-    assert actor.startswith("actor_rollout_ref.actor.deepspeed.zero_stage=2 on one data-parallel rank with 32 ")
+    assert actor.startswith("actor_rollout_ref.actor.deepspeed.zero_stage=2 on one GPU with 32 ")
     assert "actor_rollout_ref.actor.deepspeed.zero_stage=1 runs them once an update" in actor
-    assert critic.startswith("critic.deepspeed_config.zero_stage=2 on one data-parallel rank")
+    assert critic.startswith("critic.deepspeed_config.zero_stage=2 on one GPU")
     (only,) = _one_rank_notes(["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.deepspeed.zero_stage=1"])
     assert only.startswith("critic.")
     assert "token budgets" in _one_rank_notes(["trainer.n_gpus_per_node=1"], config_name="grpo_0p6b")[0]
     assert _one_rank_notes([]) == []  # two ranks: ZeRO-2 partitions the gradients
+    # two GPUs in one sequence-parallel group: one data-parallel rank, but DeepSpeed partitions over the SP ranks
+    assert _one_rank_notes(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.enable=False",
+                            "algorithm.adv_estimator=grpo"]) == []
     one_micro_batch = ["trainer.n_gpus_per_node=1", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=1",
                        *(f"{role}.{key}=8" for role in ("actor_rollout_ref.actor", "critic")
                          for key in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu"))]
