@@ -147,29 +147,30 @@ def validate_run_config(cfg: RunConfig) -> list[str]:
     notes += _check_paths(cfg, use_critic, dry)
     notes += _no_effect_notes(cfg)
     notes += _log_prob_micro_notes(cfg, plans["actor"])
-    notes += _one_rank_zero2_notes(cfg, plans)
+    updating = {"actor": sections[0]}  # the roles that update (the reference only forwards), as listed above
+    if use_critic:
+        updating["critic"] = sections[1]
+    notes += _one_gpu_zero2_notes(plans, updating)
     return notes
 
 
-def _one_rank_zero2_notes(cfg: RunConfig, plans: dict[str, RoleBatchPlan]) -> list[str]:
-    """ZeRO-2 on one rank (one GPU in all: with sequence parallelism DeepSpeed partitions over the SP ranks too) with more
-    than one micro-batch an update: the stage partitions nothing there,
-    yet DeepSpeed still runs its gradient hooks (bucket and partition copies, ~6 operators a parameter) after every
-    micro-batch, where ZeRO-1 runs them once an update. Measured on one H100 at the 0.6B shape, four micro-batches an
-    update: ZeRO-1 1.03-1.40x faster on three machines, 0.96 GiB more allocated (results/actor_update/README.md,
-    sessions 31-32). A note, not an error: the memory is the user's to weigh."""
+def _one_gpu_zero2_notes(plans: dict[str, RoleBatchPlan], sections: dict[str, tuple[str, Any]]) -> list[str]:
+    """ZeRO-2 on one GPU in all (with sequence parallelism DeepSpeed partitions over the SP ranks too) with more than one
+    micro-batch an update: the stage partitions nothing there, yet DeepSpeed still runs its gradient hooks (bucket and
+    partition copies, ~6 operators a parameter) after every micro-batch, where ZeRO-1 runs them once an update.
+    Measured on one H100 at the 0.6B shape, four micro-batches an update: ZeRO-1 1.03-1.40x faster on three machines,
+    0.96 GiB more allocated (results/actor_update/README.md, sessions 31-32). A note, not an error: the memory is the
+    user's to weigh. ``sections``: each updating role's DeepSpeed section, as (its key, the dataclass)."""
     notes = []
-    keys = {"actor": "actor_rollout_ref.actor.deepspeed.zero_stage", "critic": "critic.deepspeed_config.zero_stage"}
-    stages = {"actor": cfg.actor_rollout_ref.actor.deepspeed.zero_stage, "critic": cfg.critic.deepspeed_config.zero_stage}
-    for role, plan in plans.items():
-        if plan.world != 1 or stages[role] != 2 or not (plan.dynamic or plan.gas > 1):
+    for role, (path, ds) in sections.items():
+        plan = plans[role]
+        if plan.world != 1 or ds.zero_stage != 2 or not (plan.dynamic or plan.gas > 1):
             continue
-        split = ("token budgets (wherever one splits an update)" if plan.dynamic
-                 else f"{plan.gas} micro-batches an update")
+        split = "token-budget micro-batches" if plan.dynamic else f"{plan.gas} micro-batches an update"
         notes.append(
-            f"{keys[role]}=2 on one GPU with {split}: ZeRO-2 partitions nothing on one rank but runs "
-            f"DeepSpeed's gradient hooks after every micro-batch; {keys[role]}=1 runs them once an update (the 0.6B "
-            "shape's update on one H100 at four micro-batches: 1.03-1.40x faster, about 1 GB more allocated)"
+            f"{path}.zero_stage=2 on one GPU with {split}: ZeRO-2 partitions nothing on one rank but runs DeepSpeed's "
+            f"gradient hooks after every micro-batch; {path}.zero_stage=1 runs them once an update (the 0.6B shape's "
+            "update on one H100 at four micro-batches: 1.03-1.40x faster, about 1 GB more allocated)"
         )
     return notes
 

@@ -117,7 +117,7 @@ def test_zero2_on_one_gpu_with_several_micro_batches_names_zero1_per_role():
     assert critic.startswith("critic.deepspeed_config.zero_stage=2 on one GPU")
     (only,) = _one_rank_notes(["trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.deepspeed.zero_stage=1"])
     assert only.startswith("critic.")
-    assert "token budgets" in _one_rank_notes(["trainer.n_gpus_per_node=1"], config_name="grpo_0p6b")[0]
+    assert "token-budget micro-batches" in _one_rank_notes(["trainer.n_gpus_per_node=1"], config_name="grpo_0p6b")[0]
     assert _one_rank_notes([]) == []  # two ranks: ZeRO-2 partitions the gradients
     # two GPUs in one sequence-parallel group: one data-parallel rank, but DeepSpeed partitions over the SP ranks
     assert _one_rank_notes(["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2", "critic.enable=False",
