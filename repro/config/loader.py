@@ -3,7 +3,8 @@
 The dataclasses of ``repro.config`` are registered with Hydra's ConfigStore (primary config
 ``ppo_trainer``; groups ``actor`` and ``critic`` so that verl's ``actor@actor_rollout_ref.actor=ds_actor
 critic=ds_critic`` select them) and composed with Hydra's compose API, which has none of
-``@hydra.main``'s side effects (no output directory, no logging set-up, no chdir).
+``@hydra.main``'s side effects (no output directory, no logging set-up, no chdir), through
+:mod:`repro.config.compose`, which composes each group selection once per process.
 
 :func:`load_config` checks the overrides itself before composing, so that an unknown key gets
 our message with close matches, then composes, converts to dataclasses (running every
@@ -214,27 +215,19 @@ def _deprecated_micro_keys(lines: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _compose(config_name: str, lines: list[str]) -> Any:
-    from hydra import compose, initialize
-    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    # A caller inside its own Hydra app (or a test using hydra.initialize) keeps its GlobalHydra:
-    # set it aside while composing ours and put it back after.
-    outer = GlobalHydra.instance().hydra if GlobalHydra.instance().is_initialized() else None
-    GlobalHydra.instance().clear()
+    from repro.config.compose import compose
+
     try:
-        with initialize(version_base="1.3", config_path=None):
-            return compose(config_name=config_name, overrides=lines)
+        return compose(config_name, lines, tuple(CONFIG_GROUPS))
     except (HydraException, OmegaConfBaseException) as e:
         cause = e.__cause__
         if cause is None:
             raise ValueError(_one_line(str(e))) from None
         key = getattr(cause, "full_key", None)
         raise ValueError(f"{_one_line(str(e))}: {key + ': ' if key else ''}{_first_line(cause)}") from None
-    finally:
-        if outer is not None:
-            GlobalHydra.instance().initialize(outer)
 
 
 def _to_dataclasses(composed: Any) -> RunConfig:

@@ -115,20 +115,30 @@ def _lines_of_page(text: str) -> list[tuple[int, str]]:
 
 
 def _lines_of_python(text: str) -> list[tuple[int, str]]:
-    """The comments and docstrings of a Python file, with their line numbers."""
-    out = []
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            out.append((tok.start[0], tok.string))
+    """The comments and docstrings of a Python file, with their line numbers; only those on lines where
+    ``PATH`` matches (a citation in a comment or docstring matches on its whole line too, and with the same
+    character before it), so that a file with no candidate is neither tokenized nor parsed."""
     lines = text.splitlines()
-    for node in ast.walk(ast.parse(text)):
+    candidates = {n for n, line in enumerate(lines, 1) if PATH.search(line)}
+    if not candidates:
+        return []
+    out = []
+    if any("#" in lines[n - 1] for n in candidates):
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT and tok.start[0] in candidates:
+                out.append((tok.start[0], tok.string))
+    # Docstrings open the bodies of modules, classes and functions, which sit only in statements: the
+    # walk does not enter expressions (most of a tree's nodes).
+    todo: list[ast.AST] = [ast.parse(text)]
+    while todo:
+        node = todo.pop()
         body = getattr(node, "body", None)
-        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not body:
-            continue
-        first = body[0]
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-            out += [(n, lines[n - 1]) for n in range(first.lineno, first.end_lineno + 1)]
-    return out
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body:
+            first = body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                out += [(n, lines[n - 1]) for n in range(first.lineno, first.end_lineno + 1) if n in candidates]
+        todo += [c for c in ast.iter_child_nodes(node) if isinstance(c, (ast.stmt, ast.excepthandler, ast.match_case))]
+    return sorted(out)
 
 
 def _lines_of_shell(text: str) -> list[tuple[int, str]]:
