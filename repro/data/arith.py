@@ -70,7 +70,8 @@ REGIONS = ("rl_val", "sft_val", "train")
 _SHARES = (6, 5, 9)
 _SHARE_TOTAL = sum(_SHARES)
 _BOUNDS = tuple(itertools.accumulate(_SHARES))
-"""Region ``i`` holds the hashes in ``[_BOUNDS[i - 1], _BOUNDS[i])``."""
+"""Region ``i`` holds the hashes ``h`` (mod ``_SHARE_TOTAL``) with ``_BOUNDS[i - 1] <= h < _BOUNDS[i]``
+(from 0 for the first)."""
 # Spaces up to this size are enumerated to size their regions exactly.
 _ENUMERABLE = 200_000
 
