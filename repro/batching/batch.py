@@ -25,6 +25,10 @@ dependencies, and the workers need nothing it adds here: a dict of tensors pickl
 as it is, DeepSpeed and the models take its tensors directly, and the non-tensor data (prompts'
 ground truth, data sources) stays with the driver. The operations below are the only places
 that cut or join batches; imports of this module point nowhere inside ``repro``.
+
+On a rank the batch may also carry **host copies** (:func:`with_host_copies`): the masks and positions again, on
+the host, under :func:`host_key` names, taken once per worker call so that the index math of every micro-batch
+(packing, token budgets) reads them without waiting for the device.
 """
 
 from __future__ import annotations
@@ -43,9 +47,36 @@ def num_samples(batch: Mapping[str, torch.Tensor]) -> int:
     return int(batch[key].shape[0])
 
 
+HOST_COPIED = ("attention_mask", "position_ids", "response_mask")
+"""The entries a rank's batch also carries on the host (:func:`with_host_copies`)."""
+
+
+_HOST = "@host"
+
+
+def host_key(key: str) -> str:
+    """The name of ``key``'s host copy in a batch."""
+    return key + _HOST
+
+
+def with_host_copies(batch: Mapping[str, Any], source: Mapping[str, Any] | None = None) -> Batch:
+    """``batch`` with a host copy of each :data:`HOST_COPIED` entry, taken from ``source`` (the same rows; default
+    ``batch``). On a GPU every copy to the host waits for the device to drain, and each micro-batch's packing read
+    its masks that way: a wait per micro-batch, after which the device idled until the host had issued the next
+    forward (``results/actor_update/README.md``, session 34). Taken once per worker call, before the device has
+    work queued, or from the host batch the call received, which costs no copy at all."""
+    source = batch if source is None else source
+    return {**batch, **{host_key(k): source[k].to("cpu") for k in HOST_COPIED if torch.is_tensor(source.get(k))}}
+
+
+def host_view(batch: Mapping[str, torch.Tensor], key: str) -> torch.Tensor:
+    """``batch[key]`` on the host: its host copy where the batch carries one, else a copy (a device wait on a GPU)."""
+    return batch[host_key(key)] if host_key(key) in batch else batch[key].to("cpu")
+
+
 def seq_lens(batch: Mapping[str, torch.Tensor]) -> list[int]:
     """Real tokens per sample (the attention mask's row sums): what a token budget counts."""
-    return batch["attention_mask"].sum(dim=-1).tolist()
+    return host_view(batch, "attention_mask").sum(dim=-1).tolist()
 
 
 def select(batch: Mapping[str, torch.Tensor], index: Sequence[int] | torch.Tensor) -> Batch:
@@ -58,7 +89,8 @@ def select(batch: Mapping[str, torch.Tensor], index: Sequence[int] | torch.Tenso
     for k, v in batch.items():
         if torch.is_tensor(v) and v.dim() > 0:
             if v.device not in on:
-                on[v.device] = idx.to(v.device)
+                # without waiting for the device: the index is a fresh host tensor, staged by the copy call itself
+                on[v.device] = idx.to(v.device, non_blocking=True)
             out[k] = v.index_select(0, on[v.device])
     return out
 
@@ -69,8 +101,8 @@ def pick(batch: Mapping[str, torch.Tensor], keys: Sequence[str]) -> Batch:
 
 
 def to_device(batch: Mapping[str, Any], device: torch.device) -> dict[str, Any]:
-    """``batch`` with every tensor moved to ``device`` (other values as they are)."""
-    return {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    """``batch`` with every tensor moved to ``device`` (host copies and other values as they are)."""
+    return {k: v.to(device) if torch.is_tensor(v) and not k.endswith(_HOST) else v for k, v in batch.items()}
 
 
 def chunks(total: int, size: int) -> list[list[int]]:
@@ -138,9 +170,10 @@ def trimmed(mb: Mapping[str, torch.Tensor]) -> Batch:
     """
     width = mb["responses"].shape[1]
     prompt_width = mb["input_ids"].shape[1] - width
-    held = mb["attention_mask"][:, :prompt_width].any(dim=0).nonzero()
+    # from the masks' host copies where the batch carries them: the bounds need no device value
+    held = host_view(mb, "attention_mask")[:, :prompt_width].any(dim=0).nonzero()
     first = int(held[0]) if len(held) else prompt_width
-    answered = mb["response_mask"].any(dim=0).nonzero()
+    answered = host_view(mb, "response_mask").any(dim=0).nonzero()
     keep = int(answered[-1]) + 1 if len(answered) else 1
     out = {k: mb[k][:, first:prompt_width + keep] for k in ("input_ids", "attention_mask", "position_ids")}
     out.update({k: mb[k][:, :keep] for k in ("responses", "response_mask")})

@@ -197,6 +197,10 @@ def build_ds_config(
         "gradient_clipping": float(grad_clip) if grad_clip and grad_clip > 0 else 0.0,
         "steps_per_print": _STEPS_PER_PRINT,
         "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer synchronizes the device at the start of every forward from the third step on
+        # (and at every step's end) to time it; repro reads none of its figures, and on a GPU the wait let the device
+        # drain before each micro-batch (results/actor_update/README.md, session 34).
+        "timers": {"throughput": {"enabled": False}},
     }
     if plan.sp > 1:
         # Ulysses SP: given the SP mpu (repro.workers.ulysses), DeepSpeed's batch check counts

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batching.batch import Batch, num_samples, pad_responses, select, trimmed
+from repro.batching.batch import Batch, host_view, num_samples, pad_responses, select, trimmed
 from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import check_inactive_skip, plan_role_batch
@@ -105,13 +105,16 @@ class ActorWorker:
                                                 with_entropy=with_entropy)
             log_prob = pad_responses(log_prob * t["response_mask"], resp_len)
             return log_prob, (pad_responses(entropy * t["response_mask"], resp_len) if entropy is not None else None)
-        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity, one_row=self.varlen) \
-            if self.remove_padding else None
+        # the index math from the masks' host copies: no wait for the device between micro-batches
+        packed = pack(mb["input_ids"], host_view(mb, "attention_mask"), mb["position_ids"], capacity,
+                      one_row=self.varlen) if self.remove_padding else None
         if packed is not None and self.sp == 1:
             # logits only where a response token is predicted, as the padded path's logits_to_keep
-            slots = packed.response_slots(mb["response_mask"])
+            slots = packed.response_slots(host_view(mb, "response_mask"))
+            bounds = varlen.host_boundaries(packed.host_positions(host_view(mb, "position_ids")),
+                                            packed.input_ids.device) if self.varlen else {}
             logits = self.engine.forward(input_ids=packed.input_ids, position_ids=packed.position_ids,
-                                         use_cache=False, logits_to_keep=slots.columns).logits
+                                         use_cache=False, logits_to_keep=slots.columns, **bounds).logits
             log_prob, entropy = token_log_probs(logits, packed.next_token[:, slots.columns],
                                                 temperature=self.temperature, with_entropy=with_entropy)
             return slots.scatter(log_prob), (slots.scatter(entropy) if entropy is not None else None)
@@ -156,7 +159,7 @@ class ActorWorker:
             for idx in splits:
                 mb = select(batch, idx)
                 lp, ent = self._log_probs(mb, with_entropy=calculate_entropy, capacity=budget if dynamic else None)
-                rows = torch.as_tensor(idx, device=log_probs.device)
+                rows = torch.as_tensor(idx).to(log_probs.device, non_blocking=True)  # no device wait
                 log_probs[rows] = lp.float()
                 if entropy is not None:
                     entropy[rows] = ent.float()
@@ -215,7 +218,7 @@ class ActorWorker:
                 # loss already divides by the global count, so undo the average.
                 return loss * dp, stats
 
-            inactive = [float(mb["response_mask"].sum()) == 0 for mb in mini.micro_batches] if self.skip_inactive else None
+            inactive = [float(host_view(mb, "response_mask").sum()) == 0 for mb in mini.micro_batches] if self.skip_inactive else None
             results.append(self.engine.train_mini_batch(mini.micro_batches, loss_fn, inactive))
             token_weights.append(mini.local_tokens)
         self.updates += 1

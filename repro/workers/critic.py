@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batching.batch import Batch, num_samples, pad_responses, select, trimmed
+from repro.batching.batch import Batch, host_view, num_samples, pad_responses, select, trimmed
 from repro.cluster.process_group import init_distributed
 from repro.config import RunConfig, resolve_env_knobs
 from repro.config.rules import plan_role_batch
@@ -58,8 +58,8 @@ class CriticWorker:
                                       position_ids=t["position_ids"], use_cache=False)
             keep = t["responses"].shape[1]
             return pad_responses(out.logits[:, -keep - 1:-1, 0].float() * t["response_mask"], resp_len)
-        packed = pack(mb["input_ids"], mb["attention_mask"], mb["position_ids"], capacity) \
-            if self.remove_padding else None
+        packed = pack(mb["input_ids"], host_view(mb, "attention_mask"), mb["position_ids"], capacity) \
+            if self.remove_padding else None  # the mask's host copy: no wait for the device
         ids, pos = (packed.input_ids, packed.position_ids) if packed else (mb["input_ids"], mb["position_ids"])
         (values,) = ulysses.token_forward(self.engine.forward, ids, pos, self.sp,
                                           lambda out, labels: (out.logits[..., 0].float(),))
@@ -77,7 +77,8 @@ class CriticWorker:
         with torch.no_grad():
             for idx in splits:
                 mb = select(batch, idx)
-                values[torch.as_tensor(idx, device=values.device)] = self._values(mb, budget) * mb["response_mask"]
+                rows = torch.as_tensor(idx).to(values.device, non_blocking=True)  # no device wait
+                values[rows] = self._values(mb, budget) * mb["response_mask"]
         assert sum(len(i) for i in splits) == num_samples(batch)
         return {"values": (ulysses.own_rows(values, self.sp) if self.sp > 1 else values).cpu()}
 

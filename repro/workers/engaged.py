@@ -24,6 +24,8 @@ break that turns it red). Each entry is read from the object that does the work:
   theirs where all their parameters stay whole: :mod:`repro.workers.zero3_persist_hooks`; None below ZeRO-3);
   ``overflow_check``: how a ZeRO-1/2 optimizer tests its gradients for inf / NaN before a step, ``fused`` or
   DeepSpeed's ``per_tensor`` (:mod:`repro.workers.overflow_check`; None without a ZeRO-1/2 optimizer);
+  ``throughput_timer_syncs``: whether DeepSpeed's throughput timer synchronizes the device around every forward
+  (its default; ``repro.config.ds_config`` turns the timer off);
 - ``lora_layers``: peft LoRA layers holding an adapter; ``optimizer_params`` /
   ``optimizer_base_params``: parameters the DeepSpeed optimizer updates, and how many of them are
   not adapters (0 when the base is frozen); ``trainable_base_params``: base parameters with
@@ -136,6 +138,8 @@ def engine_report(role: Any) -> dict[str, Any]:
         "zero3_persistent_gather": persistent_gather(engine.optimizer) if engine is not None else None,
         "zero3_hooked_modules": hooked_modules(engine) if engine is not None else None,
         "overflow_check": overflow_check(engine.optimizer) if engine is not None else None,
+        # whether DeepSpeed's throughput timer synchronizes the device around every forward (ds_config turns it off)
+        "throughput_timer_syncs": _timer_syncs(engine) if engine is not None else None,
         "lora_layers": sum(1 for m in module.modules() if len(getattr(m, "lora_A", None) or {}) > 0),
         "optimizer_params": len(in_optimizer),
         "optimizer_base_params": sum(1 for p in in_optimizer if ".lora_" not in names.get(id(p), "")),
@@ -149,6 +153,11 @@ def engine_report(role: Any) -> dict[str, Any]:
         "checkpointing_auto": asdict(role.checkpointing) if role.checkpointing is not None else None,
         "fed": asdict(role.fed),
     }
+
+
+def _timer_syncs(engine: Any) -> bool:
+    timer = engine.tput_timer.config
+    return bool(timer.enabled and timer.synchronized)
 
 
 def rollout_report(rollout: Any) -> dict[str, Any]:

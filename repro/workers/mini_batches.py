@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from repro.batching.batch import Batch, chunks, num_samples, select, seq_lens
+from repro.batching.batch import Batch, chunks, host_view, num_samples, select, seq_lens
 from repro.batching.token_budget import min_micro_batches, split_micro_batches_by_tokens
 from repro.workers.engine import all_reduce_counts
 
@@ -70,9 +70,9 @@ def plan_mini_batches(
         orders += [[order[i] for i in chunk] for chunk in chunks(total, per_rank_mini)]
     minis = [select(batch, idx) for idx in orders]
     mask_key = "response_mask"
-    local = [float(m[mask_key].sum()) for m in minis]
+    local = [float(host_view(m, mask_key).sum()) for m in minis]
     # An empty (aborted) response counts for no sequence, as in repro.rl.algorithms.agg_loss and verl.
-    nonempty = [float((m[mask_key].sum(dim=-1) > 0).sum()) for m in minis]
+    nonempty = [float((host_view(m, mask_key).sum(dim=-1) > 0).sum()) for m in minis]
     # The ranks of one sequence-parallel group hold the same samples: count each group once.
     counts = [c / sp for c in all_reduce_counts(local + nonempty)]
     tokens, seqs = counts[: len(minis)], counts[len(minis):]

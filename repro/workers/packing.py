@@ -20,7 +20,8 @@ head and log-softmax do not run over the prompts.
 
 The index math runs on the host, from one copy of each mask: on a GPU, the per-sample ``nonzero``
 and ``tolist`` it replaced were a device sync each (about one a sample, on a host-bound step), and
-the indices go to the device without waiting (``non_blocking``).
+the indices go to the device without waiting (``non_blocking``). The workers pass the masks' host copies
+(``repro.batching.batch.host_view``), so packing a micro-batch waits for no device work at all.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ class PackedBatch:
     padded_shape: tuple[int, int]
     host_index: tuple[torch.Tensor, torch.Tensor] = field(repr=False)
     """``(packed_index, padded_index)`` on the host, for :meth:`response_slots`."""
+
+    def host_positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """:attr:`position_ids` computed on the host from the padded ``position_ids``' host copy (the same values;
+        ``repro.workers.varlen.host_boundaries`` reads the rows' sample boundaries from them without a device wait)."""
+        packed_host, padded_host = self.host_index
+        out = torch.zeros(self.input_ids.numel(), dtype=position_ids.dtype)
+        out[packed_host] = position_ids.reshape(-1)[padded_host]
+        return out.view(self.input_ids.shape)
 
     @property
     def next_token(self) -> torch.Tensor:

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from repro.batching.batch import Batch, to_device
+from repro.batching.batch import Batch, to_device, with_host_copies
 from repro.workers import varlen
 
 
@@ -128,9 +128,13 @@ def gather_rows(batch: Batch, sp: int) -> Batch:
 
 
 def rank_batch(batch: Batch, sp: int, device: torch.device) -> Batch:
-    """What a rank computes on: ``batch`` on ``device``, with ``sp > 1`` its SP group's shares joined."""
-    batch = to_device(batch, device)
-    return gather_rows(batch, sp) if sp > 1 else batch
+    """What a rank computes on: ``batch`` on ``device``, with ``sp > 1`` its SP group's shares joined, and the host
+    copies of its masks and positions (``repro.batching.batch.with_host_copies``; from the batch as it came where
+    the rank's rows are its own, so that a host batch costs no copy)."""
+    on_device = to_device(batch, device)
+    if sp > 1:
+        return with_host_copies(gather_rows(on_device, sp))
+    return with_host_copies(on_device, source=batch)
 
 
 def own_rows(tensor: torch.Tensor, sp: int) -> torch.Tensor:

@@ -89,6 +89,19 @@ BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length
 ``forward`` through every decoder layer to the attention function."""
 
 
+def host_boundaries(positions: torch.Tensor, device: torch.device) -> dict[str, Any]:
+    """:data:`BOUNDARY_KWARGS` of packed rows from their positions on the host (``PackedBatch.host_positions``):
+    :func:`cu_seqlens` computed there and sent to ``device`` without waiting. :func:`with_boundaries` computes the
+    same values from the device's positions, where the ``nonzero`` and the longest length waited for the device
+    twice a forward (``results/actor_update/README.md``, session 34)."""
+    cu, longest = cu_seqlens(positions)
+    return _boundary_kwargs(cu.to(device, non_blocking=True), longest)
+
+
+def _boundary_kwargs(cu: torch.Tensor, longest: int) -> dict[str, Any]:
+    return dict(zip(BOUNDARY_KWARGS, (cu, cu, longest, longest), strict=True))
+
+
 def with_boundaries(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict] | None:
     """Forward pre-hook (``with_kwargs``) of a model on the varlen path: the packed rows' boundaries from its
     ``position_ids``, once per forward and outside the decoder layers, as :data:`BOUNDARY_KWARGS`. A caller that
@@ -97,8 +110,7 @@ def with_boundaries(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
     pos = kwargs.get("position_ids")
     if pos is None or BOUNDARY_KWARGS[0] in kwargs:
         return None
-    cu, longest = cu_seqlens(pos)
-    return args, {**kwargs, **dict(zip(BOUNDARY_KWARGS, (cu, cu, longest, longest), strict=True))}
+    return args, {**kwargs, **_boundary_kwargs(*cu_seqlens(pos))}
 
 
 def attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

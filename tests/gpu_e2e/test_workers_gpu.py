@@ -361,3 +361,37 @@ def test_bf16_resume_on_nccl_equals_uninterrupted_run_and_export_matches(tmp_pat
             assert torch.equal(loaded[name].detach(), tensor), (case, name)
         report.append(f"{case}: resume {'bitwise equal' if bitwise else 'within tolerance, NOT bitwise'}")
     print("\n".join(report))
+
+
+def _packed_forward(rank: int, world: int, model_dir: str) -> dict:
+    from repro.batching.batch import select
+    from repro.workers import ulysses
+    from repro.workers.actor import ActorWorker
+
+    cfg = make_cfg(model_dir, world=world, stage=1, micro=4, mini=4, train_batch_size=4, model_dtype="bfloat16")
+    cfg.actor_rollout_ref.model.use_remove_padding = True
+    worker = ActorWorker(cfg)
+    mb = select(ulysses.rank_batch(make_step_batch(7, 8), 1, worker.engine.device), [0, 1, 2, 3])
+    without = {k: v for k, v in mb.items() if not k.endswith("@host")}  # the masks read from the device
+    with torch.no_grad():
+        worker._log_probs(mb, with_entropy=True)  # first call: the compiled log-prob chunks, lazy CUDA state
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")  # any device wait raises, naming the call
+        try:
+            got, _ = worker._log_probs(mb, with_entropy=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        ref, _ = worker._log_probs(without, with_entropy=True)
+    return {"varlen": worker.varlen, "equal": bool(torch.equal(got, ref))}
+
+
+def test_a_packed_micro_batch_forward_waits_for_no_device_work_and_equals_the_device_masks_path(tmp_path):
+    # Session 34's py-spy samples of the 0.6B update on one H100: before each micro-batch the host waited for the
+    # device to drain (the mask's copy to the host), then the device idled until the host had issued the next
+    # forward (results/actor_update/README.md). From the masks' host copies the packing, the response slots and the
+    # varlen boundaries need no device value; the log-probs are the same bitwise (the same index math).
+    require_cuda_gpus(1)
+    model_dir = make_model_dir(tmp_path / "model")
+    (res,) = run_ranks(_packed_forward, 1, tmp_path=tmp_path, timeout_s=TIMEOUT_S, args=(model_dir,), env=RANK_ENV,
+                       backend="nccl")
+    assert res["varlen"] and res["equal"], res

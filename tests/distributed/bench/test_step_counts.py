@@ -3,6 +3,7 @@ collectives are the ones its ZeRO case issues, read from the tracer, and its hos
 
 from __future__ import annotations
 
+from repro.bench.host_ops import NO_FRAME, profiler_gives_python_frames
 from repro.bench.shapes import make_model_dir
 from repro.bench.step_counts import CASES, whole_below_embedding
 
@@ -41,8 +42,18 @@ def test_each_pass_counts_the_collectives_its_zero_stage_issues_and_the_host_ope
             assert row["update"]["collectives_step3"]["by_op"] == row["update"]["collectives_step4"]["by_op"]
         grad_norms = [s for s in zero2["update"]["collectives_step4"]["sites"] if "get_grad_norm" in s]
         assert len(grad_norms) == 1 and zero2["update"]["collectives_step4"]["sites"][grad_norms[0]] == 2
-        # By issuer: ZeRO-2's sync is torch's alone (views of whole weights), ZeRO-3's gathers through DeepSpeed; both
-        # updates go through DeepSpeed, ZeRO-3's per-parameter partitioning more.
-        assert "deepspeed" not in zero2["weight_sync"]["host_ops_by"] and zero2["weight_sync"]["host_ops"] > 0
-        assert zero3["weight_sync"]["host_ops_by"]["deepspeed"] > 0 and zero3["weight_sync"]["deepspeed_calls"] > 0
-        assert zero3["update"]["host_ops_by"]["deepspeed"] > zero2["update"]["host_ops_by"]["deepspeed"] > 0
+        # ZeRO-2's sync is torch's alone (views of whole weights), ZeRO-3's gathers through DeepSpeed; both updates go
+        # through DeepSpeed, ZeRO-3's per-parameter partitioning more. DeepSpeed's Python calls (cProfile) show it on
+        # any torch; the operators' issuers only where torch's profiler records Python frames: the GPU machine's torch
+        # 2.11 records none, and there every operator is NO_FRAME's or the autograd engine's (this assertion failed
+        # there with KeyError 'deepspeed', results/cpu_suite_elsewhere/README.md, session 34).
+        assert zero2["weight_sync"]["deepspeed_calls"] == 0 < zero3["weight_sync"]["deepspeed_calls"]
+        assert zero3["update"]["deepspeed_calls"] > zero2["update"]["deepspeed_calls"] > 0
+        assert zero2["weight_sync"]["host_ops"] > 0 and zero3["weight_sync"]["host_ops"] > 0
+        if profiler_gives_python_frames():
+            assert "deepspeed" not in zero2["weight_sync"]["host_ops_by"]
+            assert zero3["weight_sync"]["host_ops_by"]["deepspeed"] > 0
+            assert zero3["update"]["host_ops_by"]["deepspeed"] > zero2["update"]["host_ops_by"]["deepspeed"] > 0
+        else:
+            assert all(set(row[name]["host_ops_by"]) <= {NO_FRAME, "autograd"}
+                       for row in (zero2, zero3) for name in ("weight_sync", "old_log_prob", "update"))

@@ -39,6 +39,7 @@ def test_zero_benchmark_cases_on_cuda(stage, offload, param_offload, want_opt, w
     assert cfg["gradient_clipping"] == 1.0
     assert "scheduler" not in cfg  # constant LR, no warm-up
     assert cfg["wall_clock_breakdown"] is False and cfg["steps_per_print"] >= 10**6
+    assert cfg["timers"] == {"throughput": {"enabled": False}}  # no device sync around every forward
     assert "data_types" not in cfg
 
 
@@ -123,6 +124,7 @@ def test_grpo_reference_command_actor_config():
         "gradient_clipping": 1.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
+        "timers": {"throughput": {"enabled": False}},
         "optimizer": {
             "type": "AdamW",
             "params": {"lr": 1e-6, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "torch_adam": False},

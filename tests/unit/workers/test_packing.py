@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from repro.batching.token_budget import first_fit
+from repro.workers import varlen
 from repro.workers.packing import pack
 
 
@@ -120,3 +121,49 @@ def test_pack_writes_the_first_fit_layout_sample_by_sample(batch, one_row, holes
     ref_ids, ref_pos, ref_packed, ref_padded = _reference_layout(ids, mask, pos, capacity, one_row)
     assert torch.equal(packed.input_ids, ref_ids) and torch.equal(packed.position_ids, ref_pos)
     assert packed.packed_index.tolist() == ref_packed and packed.padded_index.tolist() == ref_padded
+
+
+@settings(max_examples=50, deadline=None)
+@given(batch=padded_batches(), one_row=st.booleans())
+def test_the_host_positions_and_boundaries_are_the_packed_rows_own(batch, one_row):
+    # The workers compute the varlen boundaries on the host (no device wait inside the micro-batch loop); they must
+    # be what the model's pre-hook computes from the packed rows' positions on the device, value and dtype.
+    ids, mask, pos, capacity, _ = batch
+    packed = pack(ids, mask, pos, capacity, one_row=one_row)
+    host = packed.host_positions(pos)
+    assert torch.equal(host, packed.position_ids) and host.dtype == packed.position_ids.dtype
+    given_kwargs = varlen.host_boundaries(host, packed.input_ids.device)
+    _, hooked = varlen.with_boundaries(None, (), {"position_ids": packed.position_ids})
+    assert given_kwargs.keys() == set(varlen.BOUNDARY_KWARGS)
+    for key in varlen.BOUNDARY_KWARGS:
+        a, b = given_kwargs[key], hooked[key]
+        assert (torch.equal(a, b) and a.dtype == b.dtype) if torch.is_tensor(a) else (type(a) is int and a == b), key
+
+
+def test_rank_batches_carry_host_copies_that_every_row_operation_keeps_on_the_host():
+    from repro.batching.batch import (
+        HOST_COPIED,
+        host_key,
+        host_view,
+        select,
+        seq_lens,
+        to_device,
+        with_host_copies,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    mask = (torch.rand(5, 7, generator=gen) > 0.3).long()
+    batch = {"input_ids": torch.randint(1, 9, (5, 7), generator=gen), "attention_mask": mask,
+             "position_ids": mask.cumsum(1), "response_mask": mask[:, 4:], "responses": mask[:, 4:] * 3}
+    carried = with_host_copies(batch)
+    assert {host_key(k) for k in HOST_COPIED} <= set(carried)
+    rows = select(carried, [4, 1])
+    for k in HOST_COPIED:
+        assert torch.equal(rows[host_key(k)], batch[k][[4, 1]]) and rows[host_key(k)].device.type == "cpu"
+        assert host_view(rows, k) is rows[host_key(k)]  # the copy itself, no second copy
+    assert seq_lens(rows) == mask[[4, 1]].sum(1).tolist()
+    # to_device moves the batch, never its host copies (on this machine both stay put; the test is the key rule)
+    moved = to_device(carried, torch.device("meta"))
+    assert moved["attention_mask"].device.type == "meta" and moved[host_key("attention_mask")].device.type == "cpu"
+    # where the batch carries none, host_view copies the tensor itself
+    assert torch.equal(host_view(batch, "attention_mask"), mask)
