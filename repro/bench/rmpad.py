@@ -54,7 +54,7 @@ from repro.bench.shapes import make_model_dir, model_config
 from repro.bench.workdir import open_workdir
 from repro.bench.workers import _sync, add_case_process_args
 from repro.collectives.launch.launcher import free_port
-from repro.config.fields import FLASH_ATTENTION
+from repro.config.fields import COMPILE_SCOPES, FLASH_ATTENTION
 from repro.devices import on_cpu
 
 CASES = ("padded_full", "padded", "padded_dynbsz", "rmpad", "rmpad_sdpa", "rmpad_lora", "rmpad_compiled")
@@ -98,6 +98,7 @@ def _run_config(model_dir: str, case: str, args: argparse.Namespace):
     arr.model.flash_attention = args.flash_attention
     if case.endswith("compiled"):
         arr.model.compile_layers = args.compile_backend  # the worker compiles them (repro.workers.layer_compile)
+        arr.model.compile_scope = args.compile_scope
     # torch's AdamW by default: DeepSpeed's FusedAdam (the CUDA default of repro's config) is JIT-built on first use
     actor.deepspeed = DeepSpeedConfig(zero_stage=args.zero_stage, torch_adam=args.adam == "torch",
                                       fused_overflow_check=args.overflow_check == "fused")
@@ -261,7 +262,8 @@ def _launch(args: argparse.Namespace, case: str, model_dir: Path, run_dir: Path,
         cmd.append("--infer")
     if args.host_ops:
         cmd.append("--host-ops")
-    cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend, "--flash-attention", args.flash_attention]
+    cmd += ["--norms", args.norms, "--compile-backend", args.compile_backend, "--compile-scope", args.compile_scope,
+            "--flash-attention", args.flash_attention]
     if args.profile:
         cmd += ["--profile", args.profile]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="RMSNorm form (repro.workers.rms_norm): auto = fused on CUDA in half precision")
     parser.add_argument("--compile-backend", choices=("inductor", "aot_eager"), default="inductor",
                         help="torch.compile backend of the rmpad_compiled case (aot_eager: traced, no code generated)")
+    parser.add_argument("--compile-scope", choices=COMPILE_SCOPES, default="layer",
+                        help="model.compile_scope of the rmpad_compiled case: each decoder layer, or the whole stack")
     parser.add_argument("--flash-attention", choices=FLASH_ATTENTION, default="torch",
                         help="model.flash_attention: torch's FlashAttention-2, or FlashAttention-4 (the gpu extra)")
     parser.add_argument("--gc", choices=gc_pauses.POLICIES, default="default",

@@ -41,6 +41,8 @@ WARMUP_STYLES = ("constant", "cosine", "linear")
 ROLLOUT_NAMES = ("hf", "vllm")
 COMPILE_LAYERS = ("off", "inductor", "aot_eager")
 """``model.compile_layers``: off, or the torch.compile backend of every decoder layer (aot_eager: traced, torch's kernels)."""
+COMPILE_SCOPES = ("layer", "stack")
+"""``model.compile_scope``: each decoder layer its own compiled region, or the model's whole decoder stack one region."""
 FLASH_ATTENTION = ("torch", "fa4")
 """``model.flash_attention``: the kernels behind torch's flash ops on CUDA (repro.workers.varlen.FLASH_IMPLS)."""
 GRADIENT_CHECKPOINTING = (True, False, "auto")

@@ -8,6 +8,7 @@ from typing import Any
 from repro.config.engine import CheckpointConfig, DeepSpeedConfig, OptimConfig
 from repro.config.fields import (
     COMPILE_LAYERS,
+    COMPILE_SCOPES,
     FLASH_ATTENTION,
     GRADIENT_CHECKPOINTING,
     KL_LOSS_TYPES,
@@ -31,6 +32,12 @@ class LayerKernels:
     torch's kernels, bitwise the eager arithmetic). ZeRO-1/2 only. On one H100 at the 0.6B shape without checkpointing
     it made the update 1.18x faster (``results/actor_update/README.md``, session 16); under checkpointing it did not
     measurably pay."""
+    compile_scope: str = "layer"
+    """What one compiled region holds where ``compile_layers`` is on: ``layer`` (each decoder layer its own) or
+    ``stack`` (the model's whole decoder stack: embeddings, every layer, the final norm). On one H100 at four
+    micro-batches the compiled layers cost the host 0.63 ms a layer call forward and 0.82 backward, mostly the wrappers
+    around the generated code, not its kernel launches (``results/actor_update/README.md``, session 34); one region
+    pays those once a micro-batch instead of once a layer. Not yet timed on a GPU."""
     flash_attention: str = "torch"
     """The FlashAttention kernels of remove-padding's packed attention on CUDA in half precision: ``torch`` (its bundled
     FlashAttention-2) or ``fa4`` (FlashAttention-4 on Hopper/Blackwell, the ``gpu`` extra, with repro's glue:
@@ -40,6 +47,7 @@ class LayerKernels:
 
     def __post_init__(self) -> None:
         _choice(self, "compile_layers", COMPILE_LAYERS)
+        _choice(self, "compile_scope", COMPILE_SCOPES)
         _choice(self, "flash_attention", FLASH_ATTENTION)
 
 

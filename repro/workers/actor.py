@@ -79,7 +79,8 @@ class ActorWorker:
             grad_clip=arr.actor.grad_clip,
             ds_overrides=ds_overrides, mpu=mpu,
         )
-        layer_compile.from_config(self.engine.module, arr.model.compile_layers, self.ds.zero_stage)
+        layer_compile.from_config(self.engine.module, arr.model.compile_layers, self.ds.zero_stage,
+                                  arr.model.compile_scope)
         if role == "actor":  # the reference never trains
             activation_checkpointing.arm(self.engine, self.plan, arr.model, cfg.data)
         self.updates = 0

@@ -43,7 +43,8 @@ class CriticWorker:
         mpu = ulysses.enable(module, self.sp, "critic") if self.sp > 1 else None
         self.engine = RoleEngine(module, self.ds, self.plan, optim=cfg.critic.optim,
                                  grad_clip=cfg.critic.grad_clip, ds_overrides=ds_overrides, mpu=mpu)
-        layer_compile.from_config(self.engine.module, model_cfg.compile_layers, self.ds.zero_stage)
+        layer_compile.from_config(self.engine.module, model_cfg.compile_layers, self.ds.zero_stage,
+                                  model_cfg.compile_scope)
         activation_checkpointing.arm(self.engine, self.plan, model_cfg, cfg.data)
         self.updates = 0
 

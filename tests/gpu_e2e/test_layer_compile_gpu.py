@@ -38,7 +38,9 @@ def _logits_and_grads(model: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.
     return logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_inductor_compiled_layers_are_as_close_to_fp64_as_the_eager_layers(tmp_path, monkeypatch):
+# layer: the 3 layers each compiled; stack: the base model holding them, one region (model.compile_scope)
+@pytest.mark.parametrize(("scope", "modules"), [("layer", 3), ("stack", 1)])
+def test_inductor_compiled_layers_are_as_close_to_fp64_as_the_eager_layers(tmp_path, monkeypatch, scope, modules):
     from repro.config import ModelConfig
     from repro.data.tiny_model import PolicyShape, build_model, tiny_config
     from repro.workers.engine import load_hf_model
@@ -55,7 +57,7 @@ def test_inductor_compiled_layers_are_as_close_to_fp64_as_the_eager_layers(tmp_p
     ids = torch.randint(3, 1024, (4, 300), generator=torch.Generator().manual_seed(0)).cuda()
 
     torch._dynamo.reset()
-    assert compile_decoder_layers(compiled, zero_stage=2) == 3
+    assert compile_decoder_layers(compiled, zero_stage=2, scope=scope) == modules
     got_logits, got_grads = _logits_and_grads(compiled, ids)
     assert captured_graphs() > 0
     eager_logits, eager_grads = _logits_and_grads(eager, ids)

@@ -100,7 +100,8 @@ def repro_model(model: Any, *, lora: bool, kernels: LayerKernels | None = None) 
     keys of the role's engine section (``kernels``; verl's model section has no such keys)."""
     kernels = kernels or LayerKernels()
     return ModelConfig(
-        compile_layers=kernels.compile_layers, flash_attention=kernels.flash_attention,
+        compile_layers=kernels.compile_layers, compile_scope=kernels.compile_scope,
+        flash_attention=kernels.flash_attention,
         path=model.local_path or model.path, trust_remote_code=bool(model.trust_remote_code),
         external_lib=model.external_lib, override_config=dict(model.override_config or {}),
         enable_gradient_checkpointing=bool(model.enable_gradient_checkpointing),

@@ -122,7 +122,8 @@ class DeepSpeedEngine(BaseEngine):
                              per_rank_mini=1, micro=1, gas=1, train_batch_size=dp, num_mini_batches=1,
                              dynamic=False, max_token_len=None)
         self.role = RoleEngine(module, self.ds, plan, optim=optim, grad_clip=clip, mpu=mpu, caller_steps_lr=True)
-        layer_compile.from_config(self.role.module, model_cfg.compile_layers, self.ds.zero_stage)
+        layer_compile.from_config(self.role.module, model_cfg.compile_layers, self.ds.zero_stage,
+                                  model_cfg.compile_scope)
         if self.sp > 1:
             sp_rank = dist.get_rank() % self.sp
             for r in range(self.sp):  # every rank creates every group, in the same order

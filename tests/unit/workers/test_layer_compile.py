@@ -43,3 +43,27 @@ def test_the_read_backs_count_a_graph_break_and_the_graphs_on_either_side_of_it(
     # the break splits the function: a graph before the sync and one resuming after it (how the sum falls between
     # them is dynamo's choice, which torch versions may make differently)
     assert captured_graphs() - graphs >= 3
+
+
+def test_the_stack_scope_compiles_the_module_holding_the_layers_and_the_layer_scope_each_layer(monkeypatch):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from repro.workers.layer_compile import compiled_layers
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # the suites switch dynamo off (conftest.py)
+    cfg = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=3, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=8)
+    for scope, want in (("layer", ["model.layers.0", "model.layers.1", "model.layers.2"]), ("stack", ["model"])):
+        model = Qwen3ForCausalLM(cfg)
+        names = {n for n, _ in model.named_parameters()}
+        assert compile_decoder_layers(model, zero_stage=1, backend="eager", scope=scope) == len(want) == \
+            compiled_layers(model)
+        assert sorted(n for n, m in model.named_modules() if getattr(m, "_compiled_call_impl", None)) == want
+        assert {n for n, _ in model.named_parameters()} == names  # the checkpoints' names stay the model's
+
+
+def test_a_compile_scope_outside_its_choices_names_the_key_and_the_choices():
+    from repro.config import LayerKernels
+
+    with pytest.raises(ValueError, match=r"compile_scope='model' is not valid; choose one of \['layer', 'stack'\]"):
+        LayerKernels(compile_scope="model")
