@@ -364,7 +364,7 @@ def test_bf16_resume_on_nccl_equals_uninterrupted_run_and_export_matches(tmp_pat
 
 
 def _packed_forward(rank: int, world: int, model_dir: str) -> dict:
-    from repro.batching.batch import select
+    from repro.batching.batch import HOST_COPIED, host_key, select
     from repro.workers import ulysses
     from repro.workers.actor import ActorWorker
 
@@ -372,7 +372,7 @@ def _packed_forward(rank: int, world: int, model_dir: str) -> dict:
     cfg.actor_rollout_ref.model.use_remove_padding = True
     worker = ActorWorker(cfg)
     mb = select(ulysses.rank_batch(make_step_batch(7, 8), 1, worker.engine.device), [0, 1, 2, 3])
-    without = {k: v for k, v in mb.items() if not k.endswith("@host")}  # the masks read from the device
+    without = {k: v for k, v in mb.items() if k not in {host_key(c) for c in HOST_COPIED}}  # masks from the device
     with torch.no_grad():
         worker._log_probs(mb, with_entropy=True)  # first call: the compiled log-prob chunks, lazy CUDA state
         torch.cuda.synchronize()
