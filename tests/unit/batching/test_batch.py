@@ -8,8 +8,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from repro.batching.batch import (
+    HOST_COPIED,
     chunks,
     concat_batches,
+    host_key,
+    host_view,
     num_samples,
     pad_responses,
     padded_batch,
@@ -20,6 +23,7 @@ from repro.batching.batch import (
     split_list,
     to_device,
     trimmed,
+    with_host_copies,
 )
 
 
@@ -204,3 +208,28 @@ def test_select_copies_the_index_to_a_device_once_not_once_per_key():
         out = select(batch, [5, 0, 3])
     assert CopiesToMeta.n == 1
     assert out["input_ids"].shape == (3, 4) and out["host_side"].tolist() == [5, 0, 3]
+
+
+def test_rank_batches_carry_host_copies_that_every_row_operation_keeps_on_the_host():
+    from repro.batching.batch import (
+        select,
+        seq_lens,
+        to_device,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    mask = (torch.rand(5, 7, generator=gen) > 0.3).long()
+    batch = {"input_ids": torch.randint(1, 9, (5, 7), generator=gen), "attention_mask": mask,
+             "position_ids": mask.cumsum(1), "response_mask": mask[:, 4:], "responses": mask[:, 4:] * 3}
+    carried = with_host_copies(batch)
+    assert {host_key(k) for k in HOST_COPIED} <= set(carried)
+    rows = select(carried, [4, 1])
+    for k in HOST_COPIED:
+        assert torch.equal(rows[host_key(k)], batch[k][[4, 1]]) and rows[host_key(k)].device.type == "cpu"
+        assert host_view(rows, k) is rows[host_key(k)]  # the copy itself, no second copy
+    assert seq_lens(rows) == mask[[4, 1]].sum(1).tolist()
+    # to_device moves the batch, never its host copies (on this machine both stay put; the test is the key rule)
+    moved = to_device(carried, torch.device("meta"))
+    assert moved["attention_mask"].device.type == "meta" and moved[host_key("attention_mask")].device.type == "cpu"
+    # where the batch carries none, host_view copies the tensor itself
+    assert torch.equal(host_view(batch, "attention_mask"), mask)

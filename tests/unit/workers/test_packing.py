@@ -138,32 +138,3 @@ def test_the_host_positions_and_boundaries_are_the_packed_rows_own(batch, one_ro
     for key in varlen.BOUNDARY_KWARGS:
         a, b = given_kwargs[key], hooked[key]
         assert (torch.equal(a, b) and a.dtype == b.dtype) if torch.is_tensor(a) else (type(a) is int and a == b), key
-
-
-def test_rank_batches_carry_host_copies_that_every_row_operation_keeps_on_the_host():
-    from repro.batching.batch import (
-        HOST_COPIED,
-        host_key,
-        host_view,
-        select,
-        seq_lens,
-        to_device,
-        with_host_copies,
-    )
-
-    gen = torch.Generator().manual_seed(0)
-    mask = (torch.rand(5, 7, generator=gen) > 0.3).long()
-    batch = {"input_ids": torch.randint(1, 9, (5, 7), generator=gen), "attention_mask": mask,
-             "position_ids": mask.cumsum(1), "response_mask": mask[:, 4:], "responses": mask[:, 4:] * 3}
-    carried = with_host_copies(batch)
-    assert {host_key(k) for k in HOST_COPIED} <= set(carried)
-    rows = select(carried, [4, 1])
-    for k in HOST_COPIED:
-        assert torch.equal(rows[host_key(k)], batch[k][[4, 1]]) and rows[host_key(k)].device.type == "cpu"
-        assert host_view(rows, k) is rows[host_key(k)]  # the copy itself, no second copy
-    assert seq_lens(rows) == mask[[4, 1]].sum(1).tolist()
-    # to_device moves the batch, never its host copies (on this machine both stay put; the test is the key rule)
-    moved = to_device(carried, torch.device("meta"))
-    assert moved["attention_mask"].device.type == "meta" and moved[host_key("attention_mask")].device.type == "cpu"
-    # where the batch carries none, host_view copies the tensor itself
-    assert torch.equal(host_view(batch, "attention_mask"), mask)
