@@ -8,6 +8,8 @@
 #   `py-spy record --subprocesses --nonblocking --format raw` (samples the bench without stopping it); base = no
 #   setting, cppw = TORCHINDUCTOR_CPP_WRAPPER=1. Back: summary.txt, results.jsonl, pyspy_*.txt, case_logs.txt.
 # STAGE=install / STAGE=cpu: results/actor_update/s31_device.sh's (the Ray wheel's halves, verl's wheels, the suites).
+# .pyspy (ignored, one wheel, 2.9 MB): python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12
+#   --implementation cp --platform manylinux2014_x86_64 -d .pyspy py-spy==0.4.3 (add /.pyspy/ to .git/info/exclude).
 # Payload, calls back to back on one warm machine (the tree is ~24 MB; a call carries 64 MiB in all):
 #   1. carry [".whl", ".pyspy"]: python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site
 #        .whl/*.whl .pyspy/*.whl && REPRO_COMMIT=... STAGE=host OUT=$OUT bash results/actor_update/s34_device.sh
