@@ -38,8 +38,9 @@ def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str
     if why:
         raise ValueError(f"compiled decoder layers: {why}")
     classes = tuple(decoder_layer_classes(model))
-    layers = [m for m in model.modules() if classes and isinstance(m, classes)]
-    targets = layers if scope == "layer" else _stacks(model, classes)
+    if not classes:
+        return 0
+    targets = _stacks(model, classes) if scope == "stack" else [m for m in model.modules() if isinstance(m, classes)]
     for module in targets:
         # dynamic shapes: token budgets give every micro-batch another length, and one graph serves them all
         module.compile(backend=backend, dynamic=True)
@@ -49,8 +50,8 @@ def compile_decoder_layers(model: torch.nn.Module, zero_stage: int, backend: str
 def _stacks(model: torch.nn.Module, classes: tuple[type, ...]) -> list[torch.nn.Module]:
     """The modules with a ``ModuleList`` child of decoder layers (the base model under a causal-LM head or peft)."""
     return [m for m in model.modules()
-            if classes and any(isinstance(c, torch.nn.ModuleList) and len(c) and all(isinstance(x, classes) for x in c)
-                               for c in m.children())]
+            if any(isinstance(c, torch.nn.ModuleList) and len(c) and all(isinstance(x, classes) for x in c)
+                   for c in m.children())]
 
 
 def from_config(model: torch.nn.Module, compile_layers: str, zero_stage: int, scope: str = "layer") -> int:

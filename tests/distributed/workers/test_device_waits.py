@@ -27,25 +27,27 @@ def _waits(rank: int, world: int, model_dir: str) -> dict:
 
     # counted where DeepSpeed looks it up (the one accelerator object), and still synchronizing
     accelerator.synchronize = counted
-    cfg = make_cfg(model_dir, world=world, stage=2, micro=1, mini=4, train_batch_size=8)
-    cfg.actor_rollout_ref.model.use_remove_padding = True
-    worker = ActorWorker(cfg)
-    batch = shard(make_step_batch(7, 16), rank, world)
-    for _ in range(2):  # the timer synchronizes from DeepSpeed's third step on: two steps an update
+    try:
+        cfg = make_cfg(model_dir, world=world, stage=2, micro=1, mini=4, train_batch_size=8)
+        cfg.actor_rollout_ref.model.use_remove_padding = True
+        worker = ActorWorker(cfg)
+        batch = shard(make_step_batch(7, 16), rank, world)
+        for _ in range(2):  # the timer synchronizes from DeepSpeed's third step on: two steps an update
+            worker.update_policy(batch)
+        out = {"report": worker.engine.report()["throughput_timer_syncs"]}
+        calls.clear()
         worker.update_policy(batch)
-    out = {"report": worker.engine.report()["throughput_timer_syncs"]}
-    calls.clear()
-    worker.update_policy(batch)
-    out["off"] = len(calls)
-    # the control, DeepSpeed's default: with the timer on (its own step count past two again), the same update
-    # synchronizes around every forward
-    worker.engine.engine.tput_timer.config.enabled = True
-    for _ in range(2):
+        out["off"] = len(calls)
+        # the control, DeepSpeed's default: with the timer on (its own step count past two again), the same update
+        # synchronizes around every forward
+        worker.engine.engine.tput_timer.config.enabled = True
+        for _ in range(2):
+            worker.update_policy(batch)
+        calls.clear()
         worker.update_policy(batch)
-    calls.clear()
-    worker.update_policy(batch)
-    out["on"] = len(calls)
-    accelerator.synchronize = real
+        out["on"] = len(calls)
+    finally:  # a pooled rank runs other tests next
+        accelerator.synchronize = real
     # the packed forward with the device's masks unreadable: only their host copies may be read
     mb = select(ulysses.rank_batch(batch, 1, worker.engine.device), [0, 1, 2])
     with torch.no_grad():

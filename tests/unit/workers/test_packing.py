@@ -127,7 +127,9 @@ def test_pack_writes_the_first_fit_layout_sample_by_sample(batch, one_row, holes
 @given(batch=padded_batches(), one_row=st.booleans())
 def test_the_host_positions_and_boundaries_are_the_packed_rows_own(batch, one_row):
     # The workers compute the varlen boundaries on the host (no device wait inside the micro-batch loop); they must
-    # be what the model's pre-hook computes from the packed rows' positions on the device, value and dtype.
+    # be what the model's pre-hook computes from the packed rows' positions on the device, value and dtype. Both run
+    # varlen.cu_seqlens (proven on its own in tests/unit/workers/test_varlen.py): what is checked here is that the
+    # host's positions are the packed rows' and that the keyword arguments passed are the hook's.
     ids, mask, pos, capacity, _ = batch
     packed = pack(ids, mask, pos, capacity, one_row=one_row)
     host = packed.host_positions(pos)
